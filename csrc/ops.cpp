@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// The one TORCH_LIBRARY(dspark) block (every schema) and the _C Python module (build information).
+// Device implementations live in csrc/cpu/<op>.cpp and csrc/cuda/<op>.cu; fakes in python/dspark/ops/<op>.py.
+#include <torch/library.h>
+#include <torch/extension.h>
+
+#include "dspark/philox.h"
+
+#ifndef DSPARK_CUDA_ARCHS_STR
+#define DSPARK_CUDA_ARCHS_STR ""
+#endif
+
+TORCH_LIBRARY(dspark, m) {
+  // request, position, index: [N] int64 -> uniform [N] f32 in (0, 1), gumbel [N] f32
+  m.def("philox_draw(int seed, int offset, Tensor request, Tensor position, int purpose, Tensor index) "
+        "-> (Tensor uniform, Tensor gumbel)");
+  // hidden [R, g, H], prev_emb [R, g, r], weight [H + r] f32, bias [] f32, sts_temperature [g] f32
+  //   -> logit, conf, survival: [R, g] f32
+  m.def("confidence(Tensor hidden, Tensor prev_emb, Tensor weight, Tensor bias, Tensor sts_temperature) "
+        "-> (Tensor logit, Tensor conf, Tensor survival)");
+  // survival [R, g] f32, lagged_survival [R, g] f32 (lagged_topk only), sps_tokens [n] i64, sps_rate [n] f64
+  //   -> verify_len [R] i32 in [1, g + 1], budget [] i64
+  m.def("plan_verify(Tensor survival, Tensor? lagged_survival, Tensor sps_tokens, Tensor sps_rate, str mode, "
+        "float threshold) -> (Tensor verify_len, Tensor budget)");
+}
+
+namespace {
+
+pybind11::dict build_info() {
+  pybind11::dict info;
+  info["version"] = DSPARK_VERSION;
+  info["torch_version"] = DSPARK_TORCH_VERSION;
+#ifdef DSPARK_WITH_CUDA
+  info["cuda"] = true;
+#else
+  info["cuda"] = false;
+#endif
+  pybind11::list archs;
+  std::string s = DSPARK_CUDA_ARCHS_STR;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find(';', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) archs.append("sm_" + s.substr(start, end - start));
+    start = end + 1;
+  }
+  info["cuda_archs"] = archs;
+  return info;
+}
+
+// Raw Philox4x32-10 block for known-answer tests: counter [4] and key [2] as Python ints.
+std::vector<uint32_t> philox4x32_10_py(const std::vector<uint32_t>& ctr, const std::vector<uint32_t>& key) {
+  TORCH_CHECK_VALUE(ctr.size() == 4, "philox4x32_10: counter must have 4 words, got ", ctr.size());
+  TORCH_CHECK_VALUE(key.size() == 2, "philox4x32_10: key must have 2 words, got ", key.size());
+  const dspark::Philox4 out = dspark::philox4x32_10(dspark::Philox4{{ctr[0], ctr[1], ctr[2], ctr[3]}}, key[0], key[1]);
+  return {out.v[0], out.v[1], out.v[2], out.v[3]};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dspark C++/CUDA extension: registers the torch.ops.dspark operators";
+  m.def("build_info", &build_info, "dspark version, the torch it was built against, and compiled CUDA archs");
+  m.def("philox4x32_10", &philox4x32_10_py, "Raw Philox4x32-10 block (counter[4], key[2]) -> 4 words");
+}

@@ -1,0 +1,224 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The verify planner: owns the SPS table, the ring of earlier rounds' survival and the planning mode."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from dspark.ops.plan_verify import PLAN_MODES, plan_verify
+
+logger = logging.getLogger("dspark.planner")
+
+
+@dataclass(frozen=True)
+class SpsTable:
+    """Target steps per second against packed verify tokens (SGLang's 1-D SPS JSON).
+
+    Parameters
+    ----------
+    sample_batch_tokens : Sequence[int]
+        Strictly increasing packed-token probes ``B`` (>= 1).
+    sample_steps_per_sec : Sequence[float]
+        Measured steps per second at each probe (> 0).
+    max_batch_tokens : int
+        The largest ``B`` the engine runs (>= the last probe).
+    """
+
+    sample_batch_tokens: tuple[int, ...]
+    sample_steps_per_sec: tuple[float, ...]
+    max_batch_tokens: int
+
+    def __post_init__(self) -> None:
+        tokens, rates = tuple(self.sample_batch_tokens), tuple(self.sample_steps_per_sec)
+        object.__setattr__(self, "sample_batch_tokens", tokens)
+        object.__setattr__(self, "sample_steps_per_sec", rates)
+        if not tokens or len(tokens) != len(rates):
+            raise ValueError(
+                "SpsTable: sample_batch_tokens and sample_steps_per_sec must be non-empty and of equal length, "
+                f"got {len(tokens)} and {len(rates)}"
+            )
+        for i, t in enumerate(tokens):
+            if int(t) != t or t < 1 or (i > 0 and t <= tokens[i - 1]):
+                raise ValueError(
+                    f"SpsTable: sample_batch_tokens must be strictly increasing integers >= 1, got {list(tokens)}"
+                )
+        for i, r in enumerate(rates):
+            if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
+                raise ValueError(f"SpsTable: sample_steps_per_sec[{i}] = {r!r} must be a finite rate > 0")
+        if int(self.max_batch_tokens) < tokens[-1]:
+            raise ValueError(
+                f"SpsTable: max_batch_tokens ({self.max_batch_tokens}) is below the last probe ({tokens[-1]})"
+            )
+
+    @property
+    def is_flat(self) -> bool:
+        """A table with one rate everywhere carries no cost information (verify-all is optimal)."""
+        return len(set(self.sample_steps_per_sec)) == 1
+
+    @classmethod
+    def flat(cls, max_batch_tokens: int = 1) -> SpsTable:
+        """SGLang's uninitialised table: ``{[1], [1.0], max_batch_tokens}``."""
+        return cls((1,), (1.0,), max(1, int(max_batch_tokens)))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SpsTable:
+        missing = {"sample_batch_tokens", "sample_steps_per_sec"} - set(d)
+        if missing:
+            raise ValueError(f"SpsTable: missing keys {sorted(missing)} (SGLang 1-D SPS JSON expected)")
+        tokens = [int(t) for t in d["sample_batch_tokens"]]
+        return cls(
+            tuple(tokens),
+            tuple(float(r) for r in d["sample_steps_per_sec"]),
+            int(d.get("max_batch_tokens", tokens[-1] if tokens else 1)),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> SpsTable:
+        """Read SGLang's ``{"sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens"}`` JSON."""
+        try:
+            d = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"SpsTable: {path} is not valid JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise ValueError(f"SpsTable: {path} must hold a JSON object")
+        return cls.from_dict(d)
+
+    def to_dict(self) -> dict:
+        return {
+            "sample_batch_tokens": list(self.sample_batch_tokens),
+            "sample_steps_per_sec": list(self.sample_steps_per_sec),
+            "max_batch_tokens": int(self.max_batch_tokens),
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def tensors(self, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+        """(tokens int64, rates float64) on ``device``, as ``plan_verify`` takes them."""
+        return (
+            torch.tensor(self.sample_batch_tokens, dtype=torch.int64, device=device),
+            torch.tensor(self.sample_steps_per_sec, dtype=torch.float64, device=device),
+        )
+
+
+@dataclass
+class PlanResult:
+    """One round's plan: ``verify_len`` ``(R,)`` int32 in [1, gamma + 1] and ``budget`` ``()`` int64."""
+
+    verify_len: Tensor
+    budget: Tensor
+    mode: str
+
+
+class Planner:
+    """Chooses each request's verify length every round.
+
+    Parameters
+    ----------
+    mode : str
+        ``"full"``, ``"threshold"``, ``"early_stop"`` (default) or ``"lagged_topk"``.
+    sps_table : SpsTable | dict | str | Path | None
+        The cost table, or a path to SGLang's 1-D SPS JSON. Missing or flat means "verify everything": the
+        planner then runs ``full`` and says so once in the log.
+    threshold : float
+        Per-position confidence threshold of ``threshold`` mode.
+    lag : int
+        For ``lagged_topk``: how many rounds old the survival that sets the budget is (>= 1).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from dspark import Planner, SpsTable
+    >>> p = Planner("early_stop", SpsTable((1, 2, 4), (100.0, 95.0, 60.0), 8))
+    >>> p.plan(torch.tensor([[0.9, 0.5, 0.1]])).verify_len
+    tensor([2], dtype=torch.int32)
+    """
+
+    def __init__(
+        self,
+        mode: str = "early_stop",
+        sps_table: SpsTable | dict | str | Path | None = None,
+        threshold: float = 0.0,
+        lag: int = 1,
+    ) -> None:
+        if mode not in PLAN_MODES:
+            raise ValueError(f"Planner: mode must be one of {PLAN_MODES}, got {mode!r}")
+        if int(lag) < 1:
+            raise ValueError(f"Planner: lag must be >= 1 (a budget from this round would anticipate), got {lag}")
+        if isinstance(sps_table, (str, Path)):
+            sps_table = SpsTable.load(sps_table)
+        elif isinstance(sps_table, dict):
+            sps_table = SpsTable.from_dict(sps_table)
+        self.mode = mode
+        self.threshold = float(threshold)
+        self.lag = int(lag)
+        self.sps_table = sps_table
+        self._tensors: dict[torch.device, tuple[Tensor, Tensor]] = {}
+        # ring of earlier rounds: (request ids, survival [R, gamma] detached)
+        self._history: deque[tuple[tuple[int, ...], Tensor]] = deque(maxlen=self.lag)
+        self._warned_flat = False
+
+    @property
+    def effective_mode(self) -> str:
+        """The mode actually run: cost-driven modes fall back to ``full`` without a usable table."""
+        if self.mode in ("early_stop", "lagged_topk") and (self.sps_table is None or self.sps_table.is_flat):
+            return "full"
+        return self.mode
+
+    def _sps(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        table = self.sps_table or SpsTable.flat()
+        if device not in self._tensors:
+            self._tensors[device] = table.tensors(device)
+        return self._tensors[device]
+
+    def _lagged(self, request_ids: tuple[int, ...], survival: Tensor) -> Tensor:
+        """Survival of each current request from ``lag`` rounds ago; 1.0 (optimistic) where unknown."""
+        lagged = torch.ones_like(survival)
+        if len(self._history) == self.lag:
+            old_ids, old = self._history[0]
+            if old.shape[1] == survival.shape[1]:
+                pos = {rid: i for i, rid in enumerate(old_ids)}
+                dst = [i for i, rid in enumerate(request_ids) if rid in pos]
+                if dst:
+                    src = torch.tensor([pos[request_ids[i]] for i in dst], device=survival.device)
+                    lagged[torch.tensor(dst, device=survival.device)] = old.index_select(0, src)
+        return lagged
+
+    def plan(self, survival: Tensor, request_ids: Sequence[int] | None = None) -> PlanResult:
+        """Plan one round from this round's survival ``(R, gamma)`` float32.
+
+        ``request_ids`` (default ``0..R-1``) ties rows to requests across rounds for ``lagged_topk``.
+        """
+        if survival.dim() != 2:
+            raise ValueError(f"Planner.plan: survival must be [R, gamma], got shape {tuple(survival.shape)}")
+        ids = tuple(range(survival.shape[0])) if request_ids is None else tuple(int(i) for i in request_ids)
+        if len(ids) != survival.shape[0]:
+            raise ValueError(f"Planner.plan: {len(ids)} request_ids for {survival.shape[0]} survival rows")
+        mode = self.effective_mode
+        if mode != self.mode and not self._warned_flat:
+            logger.warning(
+                "dspark planner: %s SPS table, so mode %r verifies every draft (mode 'full'); profile one with "
+                "`dspark profile` to let the planner trade verify cost against acceptance",
+                "no" if self.sps_table is None else "a flat",
+                self.mode,
+            )
+            self._warned_flat = True
+        tokens, rate = self._sps(survival.device)
+        lagged = self._lagged(ids, survival) if mode == "lagged_topk" else None
+        verify_len, budget = plan_verify(survival, tokens, rate, mode, lagged, self.threshold)
+        if self.mode == "lagged_topk":
+            self._history.append((ids, survival.detach().clone()))
+        return PlanResult(verify_len, budget, mode)
+
+    def reset(self) -> None:
+        """Forget earlier rounds (e.g. between independent generate calls)."""
+        self._history.clear()

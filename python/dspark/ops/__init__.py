@@ -1,0 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Typed wrappers of the ``torch.ops.dspark`` operators; importing this registers their fake implementations."""
+
+from dspark.ops.confidence import confidence
+from dspark.ops.philox_draw import philox_draw
+from dspark.ops.plan_verify import PLAN_MODES, plan_verify
+
+__all__ = ["PLAN_MODES", "confidence", "philox_draw", "plan_verify"]
