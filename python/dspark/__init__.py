@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (must be imported before the extension: _C links against torch's libraries)
 
-from dspark import _C  # noqa: F401  (registers the TORCH_LIBRARY(dspark) ops)
-from dspark import ops  # noqa: F401  (registers the fake implementations)
+from dspark import (  # noqa: F401  (ops registers the fake implementations)
+    _C,  # noqa: F401  (registers the TORCH_LIBRARY(dspark) ops)
+    ops,
+    reference,
+)
 from dspark.decoding.planner import Planner, SpsTable
 
 __version__ = "0.1.0"

@@ -153,7 +153,9 @@ class Planner:
         if mode not in PLAN_MODES:
             raise ValueError(f"Planner: mode must be one of {PLAN_MODES}, got {mode!r}")
         if int(lag) < 1:
-            raise ValueError(f"Planner: lag must be >= 1 (a budget from this round would anticipate), got {lag}")
+            raise ValueError(
+                f"Planner: lag must be >= 1 (a budget from this round would anticipate), got {lag}"
+            )
         if isinstance(sps_table, (str, Path)):
             sps_table = SpsTable.load(sps_table)
         elif isinstance(sps_table, dict):

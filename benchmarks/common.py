@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared microbenchmark harness: check against the reference first, then time op and reference in one run.
+
+CPU timings use ``torch.utils.benchmark.Timer.blocked_autorange`` (median and interquartile range over
+blocks); CUDA timings use CUDA events around repeated launches after a warm-up. Results are printed as a
+markdown table and written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.utils.benchmark as tbench
+
+import dspark
+
+
+@dataclass
+class Timing:
+    median_us: float
+    iqr_us: float
+    runs: int
+
+
+@dataclass
+class Row:
+    case: dict
+    device: str
+    op: Timing
+    ref: Timing | None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        return None if self.ref is None else self.ref.median_us / self.op.median_us
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true", help="a CI-sized sweep with short timing budgets")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for CPU timing")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: nothing to time on cuda", file=sys.stderr)
+        sys.exit(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def time_fn(fn: Callable[[], object], device: str, min_run_time: float) -> Timing:
+    if device == "cuda":
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        samples = []
+        deadline = time.perf_counter() + min_run_time
+        while time.perf_counter() < deadline or len(samples) < 20:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(10):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / 10)
+        q = statistics.quantiles(samples, n=4)
+        return Timing(statistics.median(samples), q[2] - q[0], len(samples))
+    m = tbench.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
+    return Timing(m.median * 1e6, m.iqr * 1e6, len(m.times))
+
+
+def env_info(device: str) -> dict:
+    info = {
+        "dspark": dspark.build_info(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "device": device,
+    }
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def report(title: str, rows: list[Row], args: argparse.Namespace, case_keys: list[str]) -> None:
+    head = [*case_keys, "op median (us)", "op IQR", "reference median (us)", "speedup vs reference"]
+    lines = [f"### {title} ({args.device}, {torch.get_num_threads()} threads)", ""]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in rows:
+        ref = f"{r.ref.median_us:.1f}" if r.ref else "-"
+        sp = f"{r.speedup:.1f}x" if r.speedup else "-"
+        cells = [str(r.case[k]) for k in case_keys]
+        lines.append(
+            "| " + " | ".join([*cells, f"{r.op.median_us:.1f}", f"{r.op.iqr_us:.1f}", ref, sp]) + " |"
+        )
+    print("\n".join(lines))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "title": title,
+            "env": env_info(args.device),
+            "rows": [{**asdict(r), "speedup": r.speedup} for r in rows],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
