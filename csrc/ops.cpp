@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The one TORCH_LIBRARY(dspark) block (every schema) and the _C Python module (build information).
 // Device implementations live in csrc/cpu/<op>.cpp and csrc/cuda/<op>.cu; fakes in python/dspark/ops/<op>.py.
-#include <torch/library.h>
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include "dspark/philox.h"
 
@@ -12,16 +12,19 @@
 
 TORCH_LIBRARY(dspark, m) {
   // request, position, index: [N] int64 -> uniform [N] f32 in (0, 1), gumbel [N] f32
-  m.def("philox_draw(int seed, int offset, Tensor request, Tensor position, int purpose, Tensor index) "
-        "-> (Tensor uniform, Tensor gumbel)");
+  m.def(
+      "philox_draw(int seed, int offset, Tensor request, Tensor position, int purpose, Tensor index) "
+      "-> (Tensor uniform, Tensor gumbel)");
   // hidden [R, g, H], prev_emb [R, g, r], weight [H + r] f32, bias [] f32, sts_temperature [g] f32
   //   -> logit, conf, survival: [R, g] f32
-  m.def("confidence(Tensor hidden, Tensor prev_emb, Tensor weight, Tensor bias, Tensor sts_temperature) "
-        "-> (Tensor logit, Tensor conf, Tensor survival)");
+  m.def(
+      "confidence(Tensor hidden, Tensor prev_emb, Tensor weight, Tensor bias, Tensor sts_temperature) "
+      "-> (Tensor logit, Tensor conf, Tensor survival)");
   // survival [R, g] f32, lagged_survival [R, g] f32 (lagged_topk only), sps_tokens [n] i64, sps_rate [n] f64
   //   -> verify_len [R] i32 in [1, g + 1], budget [] i64
-  m.def("plan_verify(Tensor survival, Tensor? lagged_survival, Tensor sps_tokens, Tensor sps_rate, str mode, "
-        "float threshold) -> (Tensor verify_len, Tensor budget)");
+  m.def(
+      "plan_verify(Tensor survival, Tensor? lagged_survival, Tensor sps_tokens, Tensor sps_rate, str mode, "
+      "float threshold) -> (Tensor verify_len, Tensor budget)");
 }
 
 namespace {
@@ -52,7 +55,8 @@ pybind11::dict build_info() {
 std::vector<uint32_t> philox4x32_10_py(const std::vector<uint32_t>& ctr, const std::vector<uint32_t>& key) {
   TORCH_CHECK_VALUE(ctr.size() == 4, "philox4x32_10: counter must have 4 words, got ", ctr.size());
   TORCH_CHECK_VALUE(key.size() == 2, "philox4x32_10: key must have 2 words, got ", key.size());
-  const dspark::Philox4 out = dspark::philox4x32_10(dspark::Philox4{{ctr[0], ctr[1], ctr[2], ctr[3]}}, key[0], key[1]);
+  const dspark::Philox4 out =
+      dspark::philox4x32_10(dspark::Philox4{{ctr[0], ctr[1], ctr[2], ctr[3]}}, key[0], key[1]);
   return {out.v[0], out.v[1], out.v[2], out.v[3]};
 }
 

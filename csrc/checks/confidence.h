@@ -5,8 +5,9 @@
 
 namespace dspark {
 
-inline void check_confidence_args(const at::Tensor& hidden, const at::Tensor& prev_emb, const at::Tensor& weight,
-                                  const at::Tensor& bias, const at::Tensor& sts_temperature) {
+inline void check_confidence_args(const at::Tensor& hidden, const at::Tensor& prev_emb,
+                                  const at::Tensor& weight, const at::Tensor& bias,
+                                  const at::Tensor& sts_temperature) {
   constexpr const char* op = "confidence";
   check_dim(op, hidden, "hidden", 3);
   check_dim(op, prev_emb, "prev_emb", 3);
@@ -22,7 +23,8 @@ inline void check_confidence_args(const at::Tensor& hidden, const at::Tensor& pr
                     " entries (hidden ", hidden.size(2), " + markov rank ", prev_emb.size(2), "), got ",
                     weight.size(0));
   check_dtype(op, bias, "bias", at::kFloat);
-  TORCH_CHECK_VALUE(bias.numel() == 1, "dspark::confidence: bias must hold one value, got shape ", bias.sizes());
+  TORCH_CHECK_VALUE(bias.numel() == 1, "dspark::confidence: bias must hold one value, got shape ",
+                    bias.sizes());
   check_dim(op, sts_temperature, "sts_temperature", 1);
   check_dtype(op, sts_temperature, "sts_temperature", at::kFloat);
   TORCH_CHECK_VALUE(sts_temperature.size(0) == hidden.size(1),

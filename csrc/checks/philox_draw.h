@@ -19,8 +19,8 @@ inline void check_philox_draw_args(const at::Tensor& request, const at::Tensor& 
                     request.numel(), ", ", position.numel(), ", ", index.numel());
   check_same_device(op, request, "request", position, "position");
   check_same_device(op, request, "request", index, "index");
-  TORCH_CHECK_VALUE(purpose >= 0 && purpose <= 0xFFFF, "dspark::philox_draw: purpose must be in [0, 65535], got ",
-                    purpose);
+  TORCH_CHECK_VALUE(purpose >= 0 && purpose <= 0xFFFF,
+                    "dspark::philox_draw: purpose must be in [0, 65535], got ", purpose);
 }
 
 }  // namespace dspark

@@ -14,8 +14,10 @@ inline PlanMode parse_plan_mode(std::string_view mode) {
   if (mode == "threshold") return kPlanThreshold;
   if (mode == "early_stop") return kPlanEarlyStop;
   if (mode == "lagged_topk") return kPlanLaggedTopK;
-  TORCH_CHECK_VALUE(false, "dspark::plan_verify: mode must be one of 'full', 'threshold', 'early_stop', "
-                    "'lagged_topk', got '", std::string(mode), "'");
+  TORCH_CHECK_VALUE(false,
+                    "dspark::plan_verify: mode must be one of 'full', 'threshold', 'early_stop', "
+                    "'lagged_topk', got '",
+                    std::string(mode), "'");
   return kPlanFull;
 }
 
@@ -27,22 +29,26 @@ inline void check_plan_verify_meta(const at::Tensor& survival, const c10::option
   TORCH_CHECK_VALUE(survival.size(1) >= 1, "dspark::plan_verify: survival must have gamma >= 1 columns, got ",
                     survival.sizes());
   if (mode == kPlanLaggedTopK) {
-    TORCH_CHECK_VALUE(lagged.has_value(), "dspark::plan_verify: mode 'lagged_topk' needs lagged_survival (the "
+    TORCH_CHECK_VALUE(lagged.has_value(),
+                      "dspark::plan_verify: mode 'lagged_topk' needs lagged_survival (the "
                       "survival of an earlier round), got None");
   }
   if (lagged.has_value()) {
     check_dtype(op, *lagged, "lagged_survival", at::kFloat);
-    TORCH_CHECK_VALUE(lagged->sizes() == survival.sizes(), "dspark::plan_verify: lagged_survival must have the "
-                      "shape of survival ", survival.sizes(), ", got ", lagged->sizes());
+    TORCH_CHECK_VALUE(lagged->sizes() == survival.sizes(),
+                      "dspark::plan_verify: lagged_survival must have the "
+                      "shape of survival ",
+                      survival.sizes(), ", got ", lagged->sizes());
     check_same_device(op, survival, "survival", *lagged, "lagged_survival");
   }
   check_dim(op, sps_tokens, "sps_tokens", 1);
   check_dim(op, sps_rate, "sps_rate", 1);
   check_dtype(op, sps_tokens, "sps_tokens", at::kLong);
   check_dtype(op, sps_rate, "sps_rate", at::kDouble);
-  TORCH_CHECK_VALUE(sps_tokens.numel() >= 1 && sps_tokens.numel() == sps_rate.numel(),
-                    "dspark::plan_verify: sps_tokens and sps_rate must be non-empty and of equal length, got ",
-                    sps_tokens.numel(), " and ", sps_rate.numel());
+  TORCH_CHECK_VALUE(
+      sps_tokens.numel() >= 1 && sps_tokens.numel() == sps_rate.numel(),
+      "dspark::plan_verify: sps_tokens and sps_rate must be non-empty and of equal length, got ",
+      sps_tokens.numel(), " and ", sps_rate.numel());
   check_same_device(op, survival, "survival", sps_tokens, "sps_tokens");
   check_same_device(op, survival, "survival", sps_rate, "sps_rate");
 }
@@ -64,11 +70,12 @@ inline void check_survival_values(const char* name, const float* s, int64_t R, i
 
 inline void check_sps_values(const int64_t* tokens, const double* rate, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(tokens[i] >= 1 && (i == 0 || tokens[i] > tokens[i - 1]),
-                      "dspark::plan_verify: sps_tokens must be strictly increasing positive token counts, got ",
-                      tokens[i], " at index ", i);
-    TORCH_CHECK_VALUE(std::isfinite(rate[i]) && rate[i] > 0.0, "dspark::plan_verify: sps_rate[", i, "] = ",
-                      rate[i], " must be a finite rate > 0 (steps per second)");
+    TORCH_CHECK_VALUE(
+        tokens[i] >= 1 && (i == 0 || tokens[i] > tokens[i - 1]),
+        "dspark::plan_verify: sps_tokens must be strictly increasing positive token counts, got ", tokens[i],
+        " at index ", i);
+    TORCH_CHECK_VALUE(std::isfinite(rate[i]) && rate[i] > 0.0, "dspark::plan_verify: sps_rate[", i,
+                      "] = ", rate[i], " must be a finite rate > 0 (steps per second)");
   }
 }
 

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU confidence: c = sigmoid((w . [h; e] + b) / T_k) per draft position and the survival cumprod.
+#include "checks/confidence.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "checks/confidence.h"
 #include "dspark/survival.h"
 
 namespace dspark {
@@ -26,8 +27,10 @@ float dot_f32(const T* x, const float* w, int64_t n) {
 
 // hidden [R, g, H], prev_emb [R, g, r], weight [H + r] f32, bias [] f32, sts_temperature [g] f32
 //   -> logit, conf, survival: [R, g] f32
-std::tuple<at::Tensor, at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& hidden, const at::Tensor& prev_emb,
-                                                              const at::Tensor& weight, const at::Tensor& bias,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& hidden,
+                                                              const at::Tensor& prev_emb,
+                                                              const at::Tensor& weight,
+                                                              const at::Tensor& bias,
                                                               const at::Tensor& sts_temperature) {
   check_confidence_args(hidden, prev_emb, weight, bias, sts_temperature);
   const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), r = prev_emb.size(2);

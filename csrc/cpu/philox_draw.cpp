@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU philox_draw: the keyed Philox uniforms and Gumbels of include/dspark/philox.h, one per element.
+#include "checks/philox_draw.h"
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "dspark/philox.h"
-#include "checks/philox_draw.h"
 
 namespace dspark {
 

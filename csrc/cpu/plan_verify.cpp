@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU plan_verify: per-request verify lengths from survival and an SPS table (modes: full, threshold,
 // early_stop = paper Algorithm 1, lagged_topk = budget from an earlier round + top-K of this round).
-#include <algorithm>
-#include <vector>
+#include "checks/plan_verify.h"
 
 #include <torch/library.h>
 
-#include "checks/plan_verify.h"
+#include <algorithm>
+#include <vector>
 
 namespace dspark {
 namespace {

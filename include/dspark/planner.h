@@ -55,8 +55,8 @@ DSPARK_HD int64_t early_stop_admit(const float* sorted_survival, int64_t n, int6
   return admitted;
 }
 
-// Budget K for lagged top-K: the first argmax of Theta over the whole ordered list (no early stop). Exact only
-// because the survivals it reads come from an earlier round, independent of this round's draws.
+// Budget K for lagged top-K: the first argmax of Theta over the whole ordered list (no early stop). Exact
+// only because the survivals it reads come from an earlier round, independent of this round's draws.
 DSPARK_HD int64_t argmax_budget(const float* sorted_survival, int64_t n, int64_t num_requests,
                                 const int64_t* tokens, const double* rate, int64_t n_probes) {
   double tau = static_cast<double>(num_requests);
