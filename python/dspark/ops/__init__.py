@@ -2,7 +2,16 @@
 """Typed wrappers of the ``torch.ops.dspark`` operators; importing this registers their fake implementations."""
 
 from dspark.ops.confidence import confidence
+from dspark.ops.paged_kv_append import paged_kv_append
+from dspark.ops.paged_verify_attention import paged_verify_attention
 from dspark.ops.philox_draw import philox_draw
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
 
-__all__ = ["PLAN_MODES", "confidence", "philox_draw", "plan_verify"]
+__all__ = [
+    "PLAN_MODES",
+    "confidence",
+    "paged_kv_append",
+    "paged_verify_attention",
+    "philox_draw",
+    "plan_verify",
+]

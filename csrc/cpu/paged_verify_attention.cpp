@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU paged_verify_attention: ragged attention of each request's query rows over its own paged KV.
+//
+// Work items are (request, KV head, chunk of up to kQueryChunk query tokens), run with at::parallel_for. An
+// item handles every query head of its KV head's GQA group, so a block of keys is gathered from the pages and
+// converted to fp32 once and then used by all G * chunk query rows (a verify round of <= 16 tokens is one
+// chunk: its K/V are read once per KV head). Scores and the online softmax run in fp32 (include/dspark/
+// online_softmax.h); the output is rounded to the input dtype once at the end.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "checks/paged_verify_attention.h"
+#include "dspark/online_softmax.h"
+
+namespace dspark {
+namespace {
+
+constexpr int64_t kQueryChunk = 16;  // query tokens per work item
+constexpr int64_t kKeyBlock = 64;    // keys gathered per step
+
+// fp32 dot product with 16 independent partial sums (vectorises without reassociation flags).
+inline float dot16(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  float s = 0.f;
+  for (int l = 0; l < 16; ++l) s += acc[l];
+  return s;
+}
+
+struct Item {
+  int64_t r, kvh, q0, q1;  // request, KV head, query tokens [q0, q1) relative to the request's first
+};
+
+template <typename T>
+void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, const int32_t* qo, const int32_t* kvp,
+                 const int32_t* idx, const int32_t* last, int64_t Hq, int64_t Hkv, int64_t D, int64_t ps,
+                 float scale, bool causal) {
+  const int64_t G = Hq / Hkv;
+  const int64_t n_q = qo[it.r + 1] - qo[it.r];
+  const int64_t n_pages = kvp[it.r + 1] - kvp[it.r];
+  const int64_t n_kv = n_pages == 0 ? 0 : (n_pages - 1) * ps + last[it.r];
+  const int32_t* pages = idx + kvp[it.r];
+  const int64_t nt = it.q1 - it.q0, nr = nt * G;  // query rows: token-major, then head within the group
+  // keys visible to query token i (relative): [0, limit(i))
+  auto limit = [&](int64_t i) -> int64_t {
+    if (!causal) return n_kv;
+    return std::clamp<int64_t>(n_kv - n_q + i + 1, 0, n_kv);
+  };
+  std::vector<float> Q(nr * D), O(nr * D, 0.f), m(nr, softmax_neg_inf()), l(nr, 0.f);
+  std::vector<float> Kb(kKeyBlock * D), Vb(kKeyBlock * D), S(kKeyBlock);
+  for (int64_t i = 0; i < nt; ++i) {
+    for (int64_t g = 0; g < G; ++g) {
+      const T* src = q + ((qo[it.r] + it.q0 + i) * Hq + it.kvh * G + g) * D;
+      float* dst = Q.data() + (i * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+    }
+  }
+  const int64_t kv_end = limit(it.q1 - 1);
+  for (int64_t kb = 0; kb < kv_end; kb += kKeyBlock) {
+    const int64_t nk = std::min(kKeyBlock, kv_end - kb);
+    for (int64_t j = 0; j < nk; ++j) {
+      const int64_t key = kb + j;
+      const int64_t slot = static_cast<int64_t>(pages[key / ps]) * ps + key % ps;
+      const T* ks = kc + (slot * Hkv + it.kvh) * D;
+      const T* vs = vc + (slot * Hkv + it.kvh) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        Kb[j * D + d] = static_cast<float>(ks[d]);
+        Vb[j * D + d] = static_cast<float>(vs[d]);
+      }
+    }
+    for (int64_t i = 0; i < nt; ++i) {
+      const int64_t jn = std::min(nk, limit(it.q0 + i) - kb);
+      if (jn <= 0) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t row = i * G + g;
+        const float* qr = Q.data() + row * D;
+        float mx = softmax_neg_inf();
+        for (int64_t j = 0; j < jn; ++j) {
+          S[j] = dot16(qr, Kb.data() + j * D, D) * scale;
+          mx = std::max(mx, S[j]);
+        }
+        const float m_new = std::max(m[row], mx);
+        const float alpha = softmax_rescale(m[row], m_new);
+        float* o = O.data() + row * D;
+        float sum = 0.f;
+        for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
+        for (int64_t j = 0; j < jn; ++j) {
+          const float p = softmax_weight(S[j], m_new);
+          sum += p;
+          const float* vr = Vb.data() + j * D;
+          for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
+        }
+        l[row] = l[row] * alpha + sum;
+        m[row] = m_new;
+      }
+    }
+  }
+  for (int64_t i = 0; i < nt; ++i) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t row = i * G + g;
+      const float inv = softmax_inv_sum(l[row]);
+      T* dst = out + ((qo[it.r] + it.q0 + i) * Hq + it.kvh * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(O[row * D + d] * inv);
+    }
+  }
+}
+
+}  // namespace
+
+// q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
+// kv_indices [nnz] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (dtype of q)
+at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                      const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+                                      const at::Tensor& kv_indices, const at::Tensor& kv_last_page_len,
+                                      double scale, bool causal) {
+  check_paged_verify_attention_meta(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t P = k_cache.size(0), ps = k_cache.size(1), Hkv = k_cache.size(2);
+  const int64_t R = qo_indptr.size(0) - 1;
+  const auto qo = qo_indptr.contiguous(), kvp = kv_indptr.contiguous(), idx = kv_indices.contiguous(),
+             last = kv_last_page_len.contiguous();
+  const int32_t* qop = qo.data_ptr<int32_t>();
+  const int32_t* kvpp = kvp.data_ptr<int32_t>();
+  const int32_t* idxp = idx.data_ptr<int32_t>();
+  const int32_t* lastp = last.data_ptr<int32_t>();
+  check_paged_index_values(qop, kvpp, idxp, lastp, R, T, idx.numel(), P, ps);
+  const auto qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
+  auto out = at::empty_like(qc);
+  std::vector<Item> items;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n_q = qop[r + 1] - qop[r];
+    for (int64_t h = 0; h < Hkv; ++h) {
+      for (int64_t q0 = 0; q0 < n_q; q0 += kQueryChunk) items.push_back({r, h, q0, std::min(n_q, q0 + kQueryChunk)});
+    }
+  }
+  const float sc = static_cast<float>(scale);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cpu",
+                                  [&] {
+                                    const scalar_t* qp = qc.data_ptr<scalar_t>();
+                                    const scalar_t* kp = kc.data_ptr<scalar_t>();
+                                    const scalar_t* vp = vc.data_ptr<scalar_t>();
+                                    scalar_t* op = out.data_ptr<scalar_t>();
+                                    at::parallel_for(0, static_cast<int64_t>(items.size()), 1,
+                                                     [&](int64_t begin, int64_t end) {
+                                                       for (int64_t i = begin; i < end; ++i) {
+                                                         attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp,
+                                                                     lastp, Hq, Hkv, D, ps, sc, causal);
+                                                       }
+                                                     });
+                                  });
+  return out;
+}
+
+}  // namespace dspark
+
+TORCH_LIBRARY_IMPL(dspark, CPU, m) { m.impl("paged_verify_attention", &dspark::paged_verify_attention_cpu); }

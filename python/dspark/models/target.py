@@ -1,0 +1,390 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The target adapter: run any Hugging Face causal LM on packed ragged batches over a paged KV cache.
+
+:class:`TargetAdapter` registers a ``"dspark"`` attention function with transformers' ``AttentionInterface``
+and switches the model to it. A forward packs the new tokens of several requests into one row
+(``input_ids [1, T]``, ``position_ids [1, T]``), disables HF's own cache (``use_cache=False``) and passes the
+ragged metadata through the forward's keyword arguments (``dspark_meta``), which transformers hands unchanged
+to the attention function. There, per layer, the new K/V rows go into the adapter's paged cache
+(``dspark.ops.paged_kv_append``) and each request's queries attend to its own cache
+(``dspark.ops.paged_verify_attention``, causal, bottom-right aligned). The model's own modules (embeddings,
+RoPE, norms, MLPs, LM head) do everything else, so any model whose attention goes through the interface
+works. Logits are computed only for the rows asked for (``logits_to_keep`` with row indices), and forward
+hooks return the raw outputs of the requested decoder layers. See docs/target-adapter.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from dspark.kv import PagePool
+from dspark.ops import paged_kv_append, paged_verify_attention
+
+ATTN_NAME = "dspark"
+TESTED_FAMILIES = ("llama (incl. SmolLM2)", "qwen2", "qwen3", "mistral")
+_SUPPORT_NOTE = (
+    "dspark's TargetAdapter supports decoder-only causal LMs (XxxForCausalLM) whose attention goes through "
+    "transformers' AttentionInterface (model._supports_attention_backend) and whose decoder layers are at "
+    f"model.model.layers; tested families: {', '.join(TESTED_FAMILIES)}"
+)
+
+LogitsSpec = Literal["all", "last", "none"] | Sequence[int]
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot run through :class:`TargetAdapter`; the message names the class and why."""
+
+
+@dataclass
+class TargetInput:
+    """New tokens of one request in a forward.
+
+    Attributes
+    ----------
+    rid : Hashable
+        The request (added with :meth:`TargetAdapter.add_request`).
+    tokens : Sequence[int] or Tensor
+        Token ids appended after the request's current length (prefill: the prompt; verify: 1..16 tokens).
+    logits : "all", "last", "none" or Sequence[int]
+        Which of these rows get logits (indices relative to ``tokens``). Default ``"all"``.
+    positions : Sequence[int] or Tensor or None
+        RoPE positions; default ``length, length + 1, ...``.
+    """
+
+    rid: Hashable
+    tokens: Sequence[int] | Tensor
+    logits: LogitsSpec = "all"
+    positions: Sequence[int] | Tensor | None = None
+
+
+@dataclass
+class TargetOutput:
+    """Result of :meth:`TargetAdapter.forward` (rows in batch order).
+
+    Attributes
+    ----------
+    logits : Tensor
+        ``(N, V)``: the requested rows of every request, concatenated in batch order.
+    logits_indptr : list[int]
+        ``R + 1`` offsets: request ``i``'s logits are ``logits[logits_indptr[i]:logits_indptr[i+1]]``.
+    hidden : dict[int, Tensor]
+        Layer ``l`` -> ``(T, H)`` raw output of decoder layer ``l`` for every new token (HF's
+        ``hidden_states[l + 1]``, before the final norm).
+    qo_indptr : list[int]
+        ``R + 1`` offsets of each request's new tokens in the packed batch (rows of ``hidden``).
+    """
+
+    logits: Tensor
+    logits_indptr: list[int]
+    hidden: dict[int, Tensor] = field(default_factory=dict)
+    qo_indptr: list[int] = field(default_factory=list)
+
+    def request_logits(self, i: int) -> Tensor:
+        return self.logits[self.logits_indptr[i] : self.logits_indptr[i + 1]]
+
+    def request_hidden(self, layer: int, i: int) -> Tensor:
+        return self.hidden[layer][self.qo_indptr[i] : self.qo_indptr[i + 1]]
+
+
+@dataclass
+class _Meta:
+    """Ragged metadata carried to the attention function through the model's keyword arguments."""
+
+    k_cache: list[Tensor]
+    v_cache: list[Tensor]
+    slot_mapping: Tensor
+    qo_indptr: Tensor
+    kv_indptr: Tensor
+    kv_indices: Tensor
+    kv_last_page_len: Tensor
+    max_kv_len: int
+
+
+def _dspark_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    # query [1, Hq, T, D], key/value [1, Hkv, T, D] (RoPE applied) -> out [1, T, Hq, D]
+    meta: _Meta | None = kwargs.get("dspark_meta")
+    if meta is None:
+        raise RuntimeError(
+            "dspark attention was called without dspark_meta: run this model through TargetAdapter.forward "
+            "(or set another attention implementation with model.set_attn_implementation)"
+        )
+    if kwargs.get("softcap") is not None:
+        raise UnsupportedModelError(f"{type(module).__name__}: attention logit soft-capping is not supported")
+    window = kwargs.get("sliding_window")
+    if window is not None and meta.max_kv_len > window:
+        raise UnsupportedModelError(
+            f"{type(module).__name__}: sliding-window attention (window {window}) is not supported past the "
+            f"window (a request holds {meta.max_kv_len} tokens)"
+        )
+    if query.shape[0] != 1:
+        raise RuntimeError(f"dspark attention expects a packed batch of one row, got batch {query.shape[0]}")
+    layer = module.layer_idx
+    kc, vc = meta.k_cache[layer], meta.v_cache[layer]
+    k = key[0].transpose(0, 1).to(kc.dtype)  # [T, Hkv, D]
+    v = value[0].transpose(0, 1).to(kc.dtype)
+    paged_kv_append(k, v, kc, vc, meta.slot_mapping)
+    q = query[0].transpose(0, 1).to(kc.dtype)  # [T, Hq, D]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    o = paged_verify_attention(
+        q, kc, vc, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, scale, True
+    )
+    return o.to(query.dtype).unsqueeze(0), None
+
+
+def _no_dense_mask(*args: Any, **kwargs: Any) -> None:
+    return None  # dspark attention builds its mask from the ragged metadata
+
+
+def register_dspark_attention() -> None:
+    """Register the ``"dspark"`` attention and (no-op) mask functions with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_NAME, _dspark_attention)
+    AttentionMaskInterface.register(ATTN_NAME, _no_dense_mask)
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList | None:
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    return layers if isinstance(layers, nn.ModuleList) else None
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedModelError` naming the model class and what is supported."""
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    reasons = []
+    if config is None or not hasattr(model, "set_attn_implementation"):
+        reasons.append("it is not a transformers PreTrainedModel")
+    else:
+        if getattr(config, "is_encoder_decoder", False):
+            reasons.append("it is an encoder-decoder model")
+        if not name.endswith("ForCausalLM") or model.get_output_embeddings() is None:
+            reasons.append("it is not a causal LM with an LM head")
+        if not getattr(model, "_supports_attention_backend", False):
+            reasons.append("its attention does not go through transformers' AttentionInterface")
+        layers = _decoder_layers(model)
+        if layers is None or not all(hasattr(getattr(m, "self_attn", None), "layer_idx") for m in layers):
+            reasons.append("its decoder layers (model.model.layers[i].self_attn with layer_idx) were not found")
+    if reasons:
+        raise UnsupportedModelError(f"{name} is not supported: {'; '.join(reasons)}. {_SUPPORT_NOTE}.")
+
+
+class TargetAdapter:
+    """Run a Hugging Face causal LM on packed ragged batches of requests over a paged KV cache.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A decoder-only ``XxxForCausalLM`` whose attention goes through transformers' ``AttentionInterface``
+        (Llama, Qwen2, Qwen3, Mistral, SmolLM2 are tested). The adapter switches it to the ``"dspark"``
+        attention implementation; :meth:`close` restores the previous one.
+    page_size : int
+        Tokens per KV page (default 16).
+    max_pages : int or None
+        Pool size in pages, allocated up front; running out raises :class:`dspark.kv.KVPoolExhausted`. With
+        ``None`` the pool starts at ``num_pages`` and doubles (reallocating the caches) when it runs out.
+    num_pages : int or None
+        Initial pool size when ``max_pages`` is None (default 64).
+    dtype : torch.dtype or None
+        KV cache dtype (default: the model's parameter dtype).
+
+    Examples
+    --------
+    >>> adapter = TargetAdapter(model)                               # doctest: +SKIP
+    >>> adapter.add_request("a"); adapter.add_request("b")           # doctest: +SKIP
+    >>> out = adapter.forward([TargetInput("a", prompt_a, logits="last"),
+    ...                        TargetInput("b", prompt_b, logits="last")], layers=[1, 5])  # doctest: +SKIP
+    >>> out = adapter.forward([("a", draft_a), ("b", draft_b)])      # verify: logits of every row  # doctest: +SKIP
+    >>> adapter.truncate("a", committed_len_a)                       # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        page_size: int = 16,
+        max_pages: int | None = None,
+        num_pages: int | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        check_supported(model)
+        self.model = model
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.num_layers = int(config.num_hidden_layers)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        param = next(model.parameters())
+        self.device = param.device
+        self.dtype = dtype or param.dtype
+        if max_pages is not None:
+            num_pages = max_pages
+        self.pool = PagePool(page_size, num_pages if num_pages is not None else 64, max_pages)
+        shape = (self.pool.total_pages, page_size, self.num_kv_heads, self.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self._layers = _decoder_layers(model)
+        register_dspark_attention()
+        self._previous_attn = getattr(model.config, "_attn_implementation", None)
+        model.set_attn_implementation(ATTN_NAME)
+
+    # ---- requests ---------------------------------------------------------------------------------------------
+    def add_request(self, rid: Hashable) -> None:
+        """Register a new, empty request."""
+        self.pool.add_request(rid)
+
+    def length(self, rid: Hashable) -> int:
+        """Tokens of ``rid`` in the KV cache."""
+        return self.pool.length(rid)
+
+    def truncate(self, rid: Hashable, committed_len: int) -> None:
+        """Drop ``rid``'s tokens past ``committed_len`` (rejected drafts). No copy: the next forward overwrites."""
+        self.pool.truncate(rid, committed_len)
+
+    def finish(self, rid: Hashable) -> None:
+        """Release every page of ``rid``."""
+        self.pool.finish(rid)
+
+    def close(self) -> None:
+        """Restore the model's previous attention implementation and drop the caches."""
+        if self._previous_attn is not None:
+            self.model.set_attn_implementation(self._previous_attn)
+        self.k_cache, self.v_cache = [], []
+
+    # ---- forward ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(
+        self, batch: Sequence[TargetInput | tuple], layers: Sequence[int] = ()
+    ) -> TargetOutput:
+        """Append each request's new tokens and run them through the model in one packed forward.
+
+        Parameters
+        ----------
+        batch : sequence of TargetInput or tuples ``(rid, tokens[, logits[, positions]])``
+            One entry per request (distinct ``rid``); prefill and verify entries may be mixed.
+        layers : sequence of int
+            Decoder layers whose raw outputs to return (layer ``l`` is HF's ``hidden_states[l + 1]``).
+
+        Returns
+        -------
+        TargetOutput
+            Logits of the requested rows, per-layer hidden states of all new tokens, and the offsets.
+
+        Raises
+        ------
+        dspark.kv.KVPoolExhausted
+            When the pool cannot hold the new tokens; no request was changed.
+        """
+        items = [b if isinstance(b, TargetInput) else TargetInput(*b) for b in batch]
+        rids = [it.rid for it in items]
+        if len(set(rids)) != len(rids):
+            raise ValueError("TargetAdapter.forward: a request appears twice in the batch")
+        for layer in layers:
+            if not 0 <= layer < self.num_layers:
+                raise ValueError(f"TargetAdapter.forward: layer {layer} outside [0, {self.num_layers})")
+        old_len = {rid: self.pool.length(rid) for rid in rids}
+        tokens = [torch.as_tensor(it.tokens, dtype=torch.long).reshape(-1) for it in items]
+        slots, positions, rows, qo, lo = [], [], [], [0], [0]
+        try:
+            for it, tok in zip(items, tokens, strict=True):
+                n = tok.numel()
+                slots.append(self.pool.append_slots(it.rid, n))
+        except BaseException:
+            for rid, n in old_len.items():  # all-or-nothing: undo the requests already extended
+                if self.pool.length(rid) != n:
+                    self.pool.truncate(rid, n)
+            raise
+        try:
+            for it, tok in zip(items, tokens, strict=True):
+                n, start = tok.numel(), old_len[it.rid]
+                if it.positions is None:
+                    positions.append(torch.arange(start, start + n, dtype=torch.long))
+                else:
+                    p = torch.as_tensor(it.positions, dtype=torch.long).reshape(-1)
+                    if p.numel() != n:
+                        raise ValueError(f"TargetAdapter.forward: request {it.rid!r} has {n} tokens, {p.numel()} positions")
+                    positions.append(p)
+                rows.append(self._logit_rows(it, n) + qo[-1])
+                qo.append(qo[-1] + n)
+                lo.append(lo[-1] + rows[-1].numel())
+            return self._run(items, tokens, slots, positions, rows, qo, lo, layers)
+        except BaseException:
+            for rid, n in old_len.items():
+                self.pool.truncate(rid, n)
+            raise
+
+    __call__ = forward
+
+    def _logit_rows(self, it: TargetInput, n: int) -> Tensor:
+        spec = it.logits
+        if isinstance(spec, str):
+            if spec == "all":
+                return torch.arange(n)
+            if spec == "last":
+                return torch.arange(n - 1, n) if n else torch.arange(0)
+            if spec == "none":
+                return torch.arange(0)
+            raise ValueError(f"TargetAdapter.forward: logits must be 'all', 'last', 'none' or indices, got {spec!r}")
+        idx = torch.as_tensor(spec, dtype=torch.long).reshape(-1)
+        if idx.numel() and (idx.min() < 0 or idx.max() >= n):
+            raise ValueError(f"TargetAdapter.forward: logits rows {idx.tolist()} outside [0, {n}) for {it.rid!r}")
+        return idx
+
+    def _grow_caches(self) -> None:
+        total = self.pool.total_pages
+        have = self.k_cache[0].shape[0] if self.k_cache else 0
+        if total <= have:
+            return
+        extra = (total - have, *self.k_cache[0].shape[1:])
+        for caches in (self.k_cache, self.v_cache):
+            for i, c in enumerate(caches):
+                caches[i] = torch.cat([c, c.new_zeros(extra)])
+
+    def _run(self, items, tokens, slots, positions, rows, qo, lo, layers) -> TargetOutput:
+        self._grow_caches()
+        dev = self.device
+        rids = [it.rid for it in items]
+        index = self.pool.batch_index(rids, device=dev)
+        meta = _Meta(
+            k_cache=self.k_cache,
+            v_cache=self.v_cache,
+            slot_mapping=torch.cat(slots).to(dev),
+            qo_indptr=torch.tensor(qo, dtype=torch.int32, device=dev),
+            kv_indptr=index.kv_indptr,
+            kv_indices=index.kv_indices,
+            kv_last_page_len=index.kv_last_page_len,
+            max_kv_len=max((self.pool.length(r) for r in rids), default=0),
+        )
+        captured: dict[int, Tensor] = {}
+        handles = []
+        for layer in sorted(set(layers)):
+            def hook(_mod, _args, output, layer=layer):
+                out = output[0] if isinstance(output, tuple) else output
+                captured[layer] = out[0]
+            handles.append(self._layers[layer].register_forward_hook(hook))
+        try:
+            out = self.model(
+                input_ids=torch.cat(tokens).unsqueeze(0).to(dev),
+                position_ids=torch.cat(positions).unsqueeze(0).to(dev),
+                use_cache=False,
+                logits_to_keep=torch.cat(rows).to(dev),
+                dspark_meta=meta,
+            )
+        finally:
+            for h in handles:
+                h.remove()
+        return TargetOutput(logits=out.logits[0], logits_indptr=lo, hidden=captured, qo_indptr=qo)

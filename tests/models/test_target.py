@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""TargetAdapter vs Hugging Face's own forward with a DynamicCache, per request, on tiny random models."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from dspark.kv import KVPoolExhausted
+from dspark.models.target import TargetAdapter, TargetInput, UnsupportedModelError
+from tests.models.tiny import FAMILIES, tiny_config, tiny_model
+
+ATOL = 1e-4
+
+
+class HFRequest:
+    """One request run through HF's own forward and DynamicCache (the oracle)."""
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    @torch.no_grad()
+    def step(self, tokens: list[int]):
+        out = self.model(
+            input_ids=torch.tensor([tokens]), cache=self.cache, use_cache=True, output_hidden_states=True
+        )
+        return out.logits[0], [h[0] for h in out.hidden_states]
+
+    def truncate(self, length: int) -> None:
+        self.cache.crop(self.cache.get_seq_length() - length)
+
+
+def _check(out, i, ref_logits, ref_hidden, layers, model, rows=None):
+    got = out.request_logits(i)
+    want = ref_logits if rows is None else ref_logits[rows]
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    L = model.config.num_hidden_layers
+    for layer in layers:
+        h = out.request_hidden(layer, i)
+        if layer < L - 1:
+            torch.testing.assert_close(h, ref_hidden[layer + 1], atol=ATOL, rtol=0)
+        else:  # HF's last hidden state is after the final norm; the adapter returns the layer's raw output
+            torch.testing.assert_close(model.model.norm(h), ref_hidden[L], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matches_hf_dynamic_cache_over_ragged_rounds(family):
+    model = tiny_model(family, seed=1)
+    ref_model = copy.deepcopy(model)
+    adapter = TargetAdapter(model, page_size=4, num_pages=2)  # small pages, and the pool must grow
+    rng = random.Random(family)
+    V, L = model.config.vocab_size, model.config.num_hidden_layers
+    layers = [0, L - 1]
+    prompt_lens = [1, 5, 16, 23, 9, 40]
+    refs = {}
+    batch = []
+    for rid, n in enumerate(prompt_lens):
+        adapter.add_request(rid)
+        refs[rid] = HFRequest(ref_model)
+        batch.append(TargetInput(rid, [rng.randrange(V) for _ in range(n)], logits="all"))
+    out = adapter.forward(batch, layers=layers)
+    for i, it in enumerate(batch):
+        _check(out, i, *refs[it.rid].step(list(it.tokens)), layers, model)
+    # a late request joins; it prefills in the same forward as the others verify
+    late_prompt = [rng.randrange(V) for _ in range(11)]
+    for rnd in range(4):
+        rids = sorted(rng.sample(sorted(refs), k=rng.randint(2, len(refs))))
+        batch = [TargetInput(r, [rng.randrange(V) for _ in range(rng.randint(1, 8))]) for r in rids]
+        if rnd == 1:
+            adapter.add_request("late")
+            refs["late"] = HFRequest(ref_model)
+            batch.insert(1, TargetInput("late", late_prompt, logits=[0, 10]))
+        out = adapter.forward(batch, layers=layers)
+        for i, it in enumerate(batch):
+            ref_logits, ref_hidden = refs[it.rid].step(list(it.tokens))
+            rows = it.logits if it.rid == "late" else None
+            _check(out, i, ref_logits, ref_hidden, layers if rows is None else [], model, rows)
+        for it in batch:  # accept a prefix of the verified tokens, reject the rest
+            if it.rid == "late":
+                continue
+            committed = adapter.length(it.rid) - rng.randint(0, len(it.tokens))
+            adapter.truncate(it.rid, committed)
+            refs[it.rid].truncate(committed)
+    adapter.pool.check()
+    for rid in refs:
+        adapter.finish(rid)
+    assert adapter.pool.used_pages == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_reverify_after_truncation_equals_never_writing_rejected_rows(family):
+    model = tiny_model(family, seed=2)
+    a = TargetAdapter(model, page_size=4)
+    prompt, drafts, accepted, nxt = list(range(10, 23)), [5, 6, 7, 8, 9, 1], 2, [40, 41, 42]
+    for rid in ("x", "y"):
+        a.add_request(rid)
+    a.forward([("x", prompt), ("y", prompt)])
+    a.forward([("x", drafts)])  # x writes 6 rows, keeps 2
+    a.truncate("x", len(prompt) + accepted)
+    a.forward([("y", drafts[:accepted])])  # y never writes the rejected rows
+    out = a.forward([("x", nxt), ("y", nxt)], layers=[1])
+    torch.testing.assert_close(out.request_logits(0), out.request_logits(1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.request_hidden(1, 0), out.request_hidden(1, 1), atol=1e-5, rtol=0)
+    # and re-verifying the same rows after a truncation reproduces them
+    a.truncate("x", len(prompt) + accepted)
+    again = a.forward([("x", nxt)])
+    torch.testing.assert_close(again.request_logits(0), out.request_logits(0), atol=1e-5, rtol=0)
+
+
+def test_logit_row_selection_and_positions():
+    model = tiny_model("llama", seed=3)
+    a = TargetAdapter(model)
+    a.add_request(0)
+    full = a.forward([TargetInput(0, list(range(1, 9)), logits="all")])
+    a.truncate(0, 0)
+    last = a.forward([TargetInput(0, list(range(1, 9)), logits="last")])
+    a.truncate(0, 0)
+    none = a.forward([TargetInput(0, list(range(1, 9)), logits="none")])
+    assert full.logits.shape == (8, model.config.vocab_size)
+    torch.testing.assert_close(last.logits, full.logits[-1:], atol=1e-5, rtol=0)
+    assert none.logits.shape[0] == 0
+    a.truncate(0, 0)
+    explicit = a.forward([TargetInput(0, list(range(1, 9)), positions=list(range(8)))])
+    torch.testing.assert_close(explicit.logits, full.logits, atol=1e-6, rtol=0)
+
+
+def test_pool_exhaustion_changes_nothing():
+    model = tiny_model("llama", seed=4)
+    a = TargetAdapter(model, page_size=4, max_pages=4)
+    a.add_request(0)
+    a.add_request(1)
+    a.forward([(0, list(range(8)))])
+    before = a.forward  # noqa: F841
+    with pytest.raises(KVPoolExhausted):
+        a.forward([(0, [1, 2, 3]), (1, list(range(9)))])
+    assert a.length(0) == 8 and a.length(1) == 0
+    a.pool.check()
+    out = a.forward([(1, list(range(8)))])
+    assert out.logits.shape[0] == 8
+
+
+def test_unsupported_models_get_a_clear_error():
+    from transformers import LlamaModel
+
+    with pytest.raises(UnsupportedModelError, match="LlamaModel is not supported: .*not a causal LM.*tested families"):
+        TargetAdapter(LlamaModel(tiny_config("llama")))
+    with pytest.raises(UnsupportedModelError, match="Linear is not supported: it is not a transformers"):
+        TargetAdapter(nn.Linear(2, 2))
+
+
+def test_sliding_window_past_the_window_is_refused():
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    cfg = tiny_config("mistral")
+    cfg = MistralConfig(**{**cfg.to_dict(), "sliding_window": 8})
+    a = TargetAdapter(AutoModelForCausalLM.from_config(cfg).eval())
+    a.add_request(0)
+    a.forward([(0, list(range(8)))])
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        a.forward([(0, [1])])
+    assert a.length(0) == 8
