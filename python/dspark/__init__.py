@@ -15,6 +15,7 @@ from dspark import (  # noqa: F401  (ops registers the fake implementations)
     reference,
 )
 from dspark.decoding.planner import Planner, SpsTable
+from dspark.models import DSparkDrafter
 
 __version__ = "0.1.0"
 
@@ -36,4 +37,4 @@ def cuda_kernels_available() -> bool:
     return bool(_C.build_info()["cuda"]) and torch.cuda.is_available()
 
 
-__all__ = ["Planner", "SpsTable", "build_info", "cuda_kernels_available", "ops", "__version__"]
+__all__ = ["DSparkDrafter", "Planner", "SpsTable", "build_info", "cuda_kernels_available", "ops", "__version__"]

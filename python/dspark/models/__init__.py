@@ -1,1 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
+"""Models: the DSpark drafter (DeepSpec-compatible checkpoints), its heads and the pairing checks."""
+
+from dspark.models.config import DrafterConfig
+from dspark.models.drafter import DraftOutput, DSparkDrafter
+from dspark.models.heads import (
+    ConfidenceHead,
+    GatedMarkovHead,
+    MarkovSample,
+    RNNMarkovHead,
+    VanillaMarkovHead,
+    markov_sample_torch,
+)
+from dspark.models.pairing import validate_pairing
+
+__all__ = [
+    "ConfidenceHead",
+    "DSparkDrafter",
+    "DraftOutput",
+    "DrafterConfig",
+    "GatedMarkovHead",
+    "MarkovSample",
+    "RNNMarkovHead",
+    "VanillaMarkovHead",
+    "markov_sample_torch",
+    "validate_pairing",
+]

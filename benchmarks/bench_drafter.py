@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A drafter round (backbone + Markov sampling + confidence) as a fraction of one target decode step, on CPU.
+
+The target is a random-weight LlamaForCausalLM with SmolLM2-135M's config (hidden 576, 30 layers, 9 heads / 3 KV
+heads, head_dim 64, intermediate 1536, vocab 49152, tied embeddings); its decode step (one token per request
+with a KV cache of ``--context`` tokens) is timed in the same run. Drafters share its embedding and LM head and
+have 1, 2 or 3 layers and Markov rank 64 or 256 (block 7), with ``--context`` committed context rows per request.
+
+python benchmarks/bench_drafter.py [--quick] [--context 256] [--json out.json] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import dspark  # noqa: E402
+from benchmarks.common import time_fn  # noqa: E402
+from dspark import DSparkDrafter  # noqa: E402
+
+SMOLLM2_135M = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+
+
+def smollm2_target():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**SMOLLM2_135M)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def decode_step_fn(target, R: int, context: int):
+    """One decode step for R requests over a ``context``-token KV cache (the cache is cropped back each call)."""
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(R)
+    cache = DynamicCache()
+    with torch.no_grad():
+        target(torch.randint(0, 49152, (R, context), generator=gen), past_key_values=cache, use_cache=True)
+    tok = torch.randint(0, 49152, (R, 1), generator=gen)
+
+    @torch.no_grad()
+    def step():
+        target(tok, past_key_values=cache, use_cache=True)
+        cache.crop(context)
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a CI-sized sweep with short timing budgets")
+    ap.add_argument("--context", type=int, default=256, help="committed tokens per request (default 256)")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    budget = 0.05 if args.quick else 0.5
+    context = min(args.context, 32) if args.quick else args.context
+    layers_list = [1] if args.quick else [1, 2, 3]
+    ranks = [64] if args.quick else [64, 256]
+    rs = [1] if args.quick else [1, 8]
+
+    target = smollm2_target()
+    base = {R: time_fn(decode_step_fn(target, R, context), "cpu", budget) for R in rs}
+    rows = []
+    for layers in layers_list:
+        for rank in ranks:
+            drafter = DSparkDrafter.from_config(
+                target, block_size=7, num_layers=layers, markov_rank=rank, target_layer_ids=[1, 9, 17, 25]
+            )
+            width = drafter.config.num_taps * drafter.config.hidden_size
+            for R in rs:
+                drafter.finish_all()
+                gen = torch.Generator().manual_seed(R)
+                ids = list(range(R))
+                drafter.append_context(ids, [torch.randn(context, width, generator=gen) for _ in ids])
+                anchors = torch.randint(0, 49152, (R,), generator=gen)
+                # check: greedy tokens are the argmax of the corrected logits, survival is the conf cumprod
+                out = drafter.draft(ids, anchors, 0.0)
+                assert torch.equal(out.tokens[:, 0], out.draft_logits[:, 0].argmax(-1))
+                torch.testing.assert_close(out.survival, out.conf.cumprod(-1))
+                row = dict(layers=layers, rank=rank, R=R, context=context, decode_us=base[R].median_us)
+                for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
+                    t = time_fn(lambda temp=temp: drafter.draft(ids, anchors, temp, seed=1, offset=0), "cpu", budget)
+                    row[f"{name}_us"] = t.median_us
+                    row[f"{name}_frac"] = t.median_us / base[R].median_us
+                rows.append(row)
+            del drafter
+
+    print(f"\n## drafter round vs SmolLM2-135M decode step (CPU, {torch.get_num_threads()} threads, fp32, "
+          f"context {context}, block 7)\n")
+    print("| layers | r | R | decode step (ms) | round greedy (ms) | / decode | round T=1 (ms) | / decode |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['layers']} | {r['rank']} | {r['R']} | {r['decode_us'] / 1e3:.2f} | {r['greedy_us'] / 1e3:.2f} | "
+            f"{r['greedy_frac']:.2f} | {r['sampled_us'] / 1e3:.2f} | {r['sampled_frac']:.2f} |"
+        )
+    if args.json:
+        meta = dict(torch=torch.__version__, dspark=dspark.__version__, machine=platform.machine(),
+                    threads=torch.get_num_threads())
+        args.json.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+
+
+if __name__ == "__main__":
+    main()

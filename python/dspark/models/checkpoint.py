@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Reading and writing DeepSpec-layout drafter checkpoints (``config.json`` + safetensors, un-prefixed names)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from dspark.models.config import DrafterConfig
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+EMBEDDING_NAMES = ("embed_tokens.weight", "lm_head.weight")
+# Prefixes that other writers add and DeepSpec strips (torch.compile wrappers); keys that are never weights.
+_STRIP_PREFIXES = ("_orig_mod.",)
+_IGNORED_PREFIXES = ("rotary_emb.",)
+
+
+def read_config(path: str | os.PathLike) -> DrafterConfig:
+    """Parse ``<path>/config.json`` (transformers-5 ``rope_parameters`` or the older ``rope_theta``)."""
+    p = Path(path) / CONFIG_NAME
+    if not p.is_file():
+        raise FileNotFoundError(f"drafter checkpoint {path}: no {CONFIG_NAME}")
+    with open(p) as f:
+        return DrafterConfig.from_dict(json.load(f))
+
+
+def read_tensors(path: str | os.PathLike) -> dict[str, Tensor]:
+    """All tensors of ``model.safetensors`` or of the shards named by ``model.safetensors.index.json``."""
+    root = Path(path)
+    if (root / WEIGHTS_NAME).is_file():
+        files = [root / WEIGHTS_NAME]
+    elif (root / INDEX_NAME).is_file():
+        with open(root / INDEX_NAME) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = [root / name for name in sorted(set(weight_map.values()))]
+    else:
+        raise FileNotFoundError(f"drafter checkpoint {path}: neither {WEIGHTS_NAME} nor {INDEX_NAME}")
+    from safetensors import safe_open  # the ``hf`` extra
+
+    out: dict[str, Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                key = name
+                for pre in _STRIP_PREFIXES:
+                    key = key.removeprefix(pre)
+                if key.startswith(_IGNORED_PREFIXES):
+                    continue
+                if key in out:
+                    raise ValueError(f"drafter checkpoint {path}: tensor {key!r} is stored twice")
+                out[key] = f.get_tensor(name)
+    return out
+
+
+def check_tensors(cfg: DrafterConfig, tensors: dict[str, Tensor], where: str = "drafter checkpoint") -> None:
+    """Every expected tensor present with its shape, nothing extra; ``embed_tokens``/``lm_head`` are optional.
+
+    Raises
+    ------
+    ValueError
+        Naming the first missing, unexpected or mis-shaped tensor.
+    """
+    expected = cfg.tensor_shapes(with_embeddings=True)
+    for name, shape in expected.items():
+        if name not in tensors:
+            if name in EMBEDDING_NAMES:
+                continue
+            why = ""
+            if name.startswith("markov_head."):
+                why = f" (config: markov_rank={cfg.markov_rank}, markov_head_type={cfg.markov_head_type!r})"
+            elif name.startswith("confidence_head."):
+                why = " (config: enable_confidence_head=true)"
+            raise ValueError(f"{where}: missing tensor {name!r}{why}")
+        got = tuple(tensors[name].shape)
+        if got != shape:
+            raise ValueError(f"{where}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+        if not tensors[name].is_floating_point():
+            raise ValueError(f"{where}: tensor {name!r} has dtype {tensors[name].dtype}, expected a float dtype")
+    for name in tensors:
+        if name not in expected:
+            raise ValueError(
+                f"{where}: unexpected tensor {name!r} (not part of this config's layout: "
+                f"markov_rank={cfg.markov_rank}, markov_head_type={cfg.markov_head_type!r}, "
+                f"enable_confidence_head={cfg.enable_confidence_head}, num_hidden_layers={cfg.num_hidden_layers})"
+            )
+
+
+def write_checkpoint(path: str | os.PathLike, cfg: DrafterConfig, tensors: dict[str, Tensor]) -> None:
+    """Write ``config.json`` and a single ``model.safetensors`` (tensors made contiguous, storage unshared)."""
+    from safetensors.torch import save_file  # the ``hf`` extra
+
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    seen: set[int] = set()
+    flat: dict[str, Tensor] = {}
+    for name, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:  # tied weights (e.g. a target whose lm_head is its embedding): store a copy
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        flat[name] = t
+    save_file(flat, str(root / WEIGHTS_NAME), metadata={"format": "pt"})
+    with open(root / CONFIG_NAME, "w") as f:
+        json.dump(cfg.to_dict(), f, indent=2, sort_keys=True)
+        f.write("\n")
+    index = root / INDEX_NAME
+    if index.exists():  # a stale index from an earlier sharded save would shadow nothing but confuse readers
+        index.unlink()
+
+
+def storage_dtype(tensors: dict[str, Tensor]) -> torch.dtype:
+    """The dtype the backbone was stored in (that of ``fc.weight``)."""
+    return tensors["fc.weight"].dtype

@@ -1,0 +1,252 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The drafter's configuration: DeepSpec's ``config.json`` (a copy of the target's config plus DSpark fields)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+ARCHITECTURE = "Qwen3DSparkModel"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def dtype_from_name(name: Any) -> torch.dtype | None:
+    """``"bfloat16"`` / ``"torch.bfloat16"`` / a ``torch.dtype`` -> ``torch.dtype`` (None when absent/unknown)."""
+    if isinstance(name, torch.dtype):
+        return name
+    if not isinstance(name, str):
+        return None
+    return _DTYPES.get(name.removeprefix("torch."))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclasses.dataclass
+class DrafterConfig:
+    """The fields of a DSpark drafter config that the model reads (see docs/drafter.md).
+
+    ``raw`` keeps the whole ``config.json`` (the inherited target fields included) so that ``save_pretrained``
+    writes back the same keys; only the DSpark fields and ``dtype`` are refreshed from the attributes.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    num_hidden_layers: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: list[int]
+    num_target_layers: int | None = None
+    markov_rank: int = 0
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = False
+    confidence_head_with_markov: bool = True
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    dtype: torch.dtype | None = None
+    raw: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    # ---- derived --------------------------------------------------------------------------------------------
+    @property
+    def num_taps(self) -> int:
+        """Number of tapped target layers (``m``); ``fc`` maps ``m * H`` features to ``H``."""
+        return len(self.target_layer_ids)
+
+    @property
+    def has_markov(self) -> bool:
+        return self.markov_rank > 0
+
+    @property
+    def confidence_input_rank(self) -> int:
+        """``r`` part of the confidence head's input ``[h_k; W1[x_{k-1}]]`` (0 without the Markov feature)."""
+        return self.markov_rank if (self.has_markov and self.confidence_head_with_markov) else 0
+
+    # ---- parsing --------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict) -> DrafterConfig:
+        """Parse a DeepSpec drafter ``config.json`` dict; ValueError naming the field when one is missing/bad."""
+
+        def need(key: str) -> Any:
+            if key not in d or d[key] is None:
+                raise ValueError(f"drafter config: missing field {key!r}")
+            return d[key]
+
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        head_dim = d.get("head_dim") or hidden // heads
+        rope = d.get("rope_parameters") or {}
+        if isinstance(rope, dict) and "full_attention" in rope and isinstance(rope["full_attention"], dict):
+            rope = rope["full_attention"]
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        scaling = d.get("rope_scaling")
+        if isinstance(scaling, dict):
+            rope_type = scaling.get("rope_type", scaling.get("type", rope_type))
+        if rope_type not in ("default", None):
+            raise ValueError(f"drafter config: rope_parameters.rope_type {rope_type!r} is not supported (only 'default')")
+        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+        if theta is None:
+            theta = d.get("rope_theta", 10000.0)
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"drafter config: hidden_act {act!r} is not supported (only 'silu')")
+        if d.get("attention_bias"):
+            raise ValueError("drafter config: attention_bias=true is not supported (DeepSpec drafters have none)")
+        rank = int(d.get("markov_rank") or 0)
+        cfg = cls(
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            vocab_size=int(need("vocab_size")),
+            num_hidden_layers=int(need("num_hidden_layers")),
+            block_size=int(need("block_size")),
+            mask_token_id=int(need("mask_token_id")),
+            target_layer_ids=[int(i) for i in need("target_layer_ids")],
+            num_target_layers=None if d.get("num_target_layers") is None else int(d["num_target_layers"]),
+            markov_rank=rank,
+            markov_head_type=str(d.get("markov_head_type") or "vanilla"),
+            enable_confidence_head=bool(d.get("enable_confidence_head", False)),
+            confidence_head_with_markov=bool(d.get("confidence_head_with_markov", True)),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            dtype=dtype_from_name(d.get("dtype", d.get("torch_dtype"))),
+            raw=copy.deepcopy(d),
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Checks that need only the config (the pairing with a target is checked in ``pairing.py``)."""
+        if self.block_size < 1:
+            raise ValueError(f"drafter config: block_size must be >= 1, got {self.block_size}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"drafter config: mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"drafter config: {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"drafter config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"drafter config: head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"drafter config: num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+        ids = self.target_layer_ids
+        if not ids:
+            raise ValueError("drafter config: target_layer_ids is empty")
+        if any(i < -1 for i in ids) or any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
+            raise ValueError(
+                f"drafter config: target_layer_ids must be strictly increasing, each -1 or a 0-based target "
+                f"layer index, got {ids}"
+            )
+        if self.num_target_layers is not None and ids[-1] >= self.num_target_layers - 1:
+            raise ValueError(
+                f"drafter config: target_layer_ids {ids} must stay below the target's last layer "
+                f"(num_target_layers = {self.num_target_layers}; its last hidden state is normed)"
+            )
+        if self.markov_rank < 0:
+            raise ValueError(f"drafter config: markov_rank must be >= 0, got {self.markov_rank}")
+        if self.has_markov and self.markov_head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(
+                f"drafter config: markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {self.markov_head_type!r}"
+            )
+
+    def to_dict(self) -> dict:
+        """The ``config.json`` dict: ``raw`` with the DSpark fields (DeepSpec's names and format) refreshed."""
+        d = copy.deepcopy(self.raw)
+        d.pop("torch_dtype", None)
+        d.pop("rope_theta", None)
+        d.pop("rope_scaling", None)
+        d.update(
+            architectures=[ARCHITECTURE],
+            model_type=d.get("model_type", "qwen3"),
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab_size,
+            num_hidden_layers=self.num_hidden_layers,
+            layer_types=["full_attention"] * self.num_hidden_layers,
+            block_size=self.block_size,
+            mask_token_id=self.mask_token_id,
+            target_layer_ids=list(self.target_layer_ids),
+            markov_rank=self.markov_rank,
+            enable_confidence_head=self.enable_confidence_head,
+            confidence_head_with_markov=self.confidence_head_with_markov,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"},
+            tie_word_embeddings=False,
+            hidden_act="silu",
+            attention_bias=False,
+        )
+        if self.num_target_layers is not None:
+            d["num_target_layers"] = self.num_target_layers
+        if self.has_markov:
+            d["markov_head_type"] = self.markov_head_type
+        else:
+            d.pop("markov_head_type", None)
+        if self.dtype is not None:
+            d["dtype"] = dtype_name(self.dtype)
+        return d
+
+    # ---- expected tensors -----------------------------------------------------------------------------------
+    def tensor_shapes(self, *, with_embeddings: bool = True) -> dict[str, tuple[int, ...]]:
+        """Every tensor name of DeepSpec's layout and its shape (``embed_tokens``/``lm_head`` optionally)."""
+        H, V, D = self.hidden_size, self.vocab_size, self.head_dim
+        q, kv, inter, r = self.num_attention_heads * D, self.num_key_value_heads * D, self.intermediate_size, self.markov_rank
+        s: dict[str, tuple[int, ...]] = {}
+        if with_embeddings:
+            s["embed_tokens.weight"] = (V, H)
+        for i in range(self.num_hidden_layers):
+            p = f"layers.{i}."
+            s[p + "input_layernorm.weight"] = (H,)
+            s[p + "self_attn.q_proj.weight"] = (q, H)
+            s[p + "self_attn.k_proj.weight"] = (kv, H)
+            s[p + "self_attn.v_proj.weight"] = (kv, H)
+            s[p + "self_attn.o_proj.weight"] = (H, q)
+            s[p + "self_attn.q_norm.weight"] = (D,)
+            s[p + "self_attn.k_norm.weight"] = (D,)
+            s[p + "post_attention_layernorm.weight"] = (H,)
+            s[p + "mlp.gate_proj.weight"] = (inter, H)
+            s[p + "mlp.up_proj.weight"] = (inter, H)
+            s[p + "mlp.down_proj.weight"] = (H, inter)
+        s["norm.weight"] = (H,)
+        s["fc.weight"] = (H, self.num_taps * H)
+        s["hidden_norm.weight"] = (H,)
+        if with_embeddings:
+            s["lm_head.weight"] = (V, H)
+        if self.has_markov:
+            s["markov_head.markov_w1.weight"] = (V, r)
+            s["markov_head.markov_w2.weight"] = (V, r)
+            if self.markov_head_type == "gated":
+                s["markov_head.gate_proj.weight"] = (r, H + r)
+                s["markov_head.gate_proj.bias"] = (r,)
+            elif self.markov_head_type == "rnn":
+                s["markov_head.joint_proj.weight"] = (3 * r, 2 * r + H)
+                s["markov_head.joint_proj.bias"] = (3 * r,)
+        if self.enable_confidence_head:
+            s["confidence_head.proj.weight"] = (1, H + self.confidence_input_rank)
+            s["confidence_head.proj.bias"] = (1,)
+        return s

@@ -1,0 +1,281 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The drafter's sequential heads: low-rank Markov heads (vanilla, gated, RNN) and the confidence head.
+
+Names and shapes follow DeepSpec's checkpoints (``markov_head.markov_w1`` = ``nn.Embedding(V, r)``,
+``markov_head.markov_w2`` = ``nn.Linear(r, V, bias=False)``, ``confidence_head.proj`` = ``nn.Linear(H + r, 1)``).
+
+Sampling is left to right: ``z_k = U_k + B_k(x_{k-1})`` with ``x_{-1}`` the anchor, then ``x_k`` is the
+Gumbel-max draw ``argmax(z_k / T + g_k)`` (``g`` from ``dspark.ops.philox_draw`` keyed by request id, draft slot k,
+purpose ``PURPOSE_DRAFT_SAMPLE`` and vocabulary id), or ``argmax(z_k)`` when ``T == 0``. This pure-PyTorch path
+has the signature of the ``markov_sample`` op (plus explicit request ids), so the fused op can replace
+``markov_sample_torch`` in ``VanillaMarkovHead.sample`` without touching callers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+import dspark.ops
+from dspark.ops.philox_draw import PURPOSE_DRAFT_SAMPLE
+
+
+@dataclasses.dataclass
+class MarkovSample:
+    """Output of a Markov head's ``sample``.
+
+    tokens : ``(R, gamma)`` int64 draft tokens; logits : ``(R, gamma, V)`` float32 corrected logits ``z`` (what
+    ``q = softmax(z / T)`` is made from); prev_emb : ``(R, gamma, r)`` ``W1[x_{k-1}]`` (weight dtype).
+    """
+
+    tokens: Tensor
+    logits: Tensor
+    prev_emb: Tensor
+
+
+def gumbel_noise(seed: int, offset: int, request_ids: Tensor, gamma: int, vocab: int) -> Tensor:
+    """Gumbel noise ``g[r, k, v]`` keyed by ``(seed, offset, request_ids[r], k, PURPOSE_DRAFT_SAMPLE, v)``.
+
+    Shape ``(R, gamma, V)`` float32 on ``request_ids``' device; the same values the fused sampler draws.
+    """
+    dev = request_ids.device
+    R = request_ids.shape[0]
+    req = request_ids.to(torch.int64).view(R, 1, 1).expand(R, gamma, vocab).reshape(-1)
+    pos = torch.arange(gamma, device=dev, dtype=torch.int64).view(1, gamma, 1).expand(R, gamma, vocab).reshape(-1)
+    idx = torch.arange(vocab, device=dev, dtype=torch.int64).view(1, 1, vocab).expand(R, gamma, vocab).reshape(-1)
+    _, g = dspark.ops.philox_draw(int(seed), int(offset), req, pos, PURPOSE_DRAFT_SAMPLE, idx)
+    return g.view(R, gamma, vocab)
+
+
+def _as_temperature(temperature: float | Tensor, R: int, device: torch.device) -> Tensor:
+    t = torch.as_tensor(temperature, dtype=torch.float32, device=device)
+    t = t.expand(R) if t.dim() == 0 else t
+    if t.shape != (R,):
+        raise ValueError(f"temperature must be a float or a tensor of shape ({R},), got {tuple(t.shape)}")
+    if bool((t < 0).any()) or not bool(torch.isfinite(t).all()):
+        raise ValueError("temperature must be finite and >= 0")
+    return t
+
+
+class _Sampler:
+    """Per-slot picking shared by every head: Gumbel-max at T > 0, argmax at T == 0 (per row)."""
+
+    def __init__(self, temperature, seed, offset, request_ids, R, gamma, V, device):
+        self.t = _as_temperature(temperature, R, device)
+        if request_ids is None:
+            request_ids = torch.arange(R, device=device)
+        self.sampled = self.t > 0
+        self.noise = None
+        if bool(self.sampled.any()):
+            self.noise = gumbel_noise(seed, offset, request_ids.to(device), gamma, V)
+        self.safe_t = torch.where(self.sampled, self.t, torch.ones_like(self.t)).unsqueeze(-1)
+
+    def pick(self, z: Tensor, k: int) -> Tensor:  # z: [R, V] float32 -> [R] int64
+        if self.noise is None:
+            return z.argmax(-1)
+        scores = torch.where(self.sampled.unsqueeze(-1), z / self.safe_t + self.noise[:, k], z)
+        return scores.argmax(-1)
+
+
+def markov_sample_torch(
+    base_logits: Tensor,
+    anchor: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    temperature: float | Tensor,
+    seed: int,
+    offset: int,
+    request_ids: Tensor | None = None,
+) -> MarkovSample:
+    """Vanilla Markov sampling in PyTorch (the ``markov_sample`` op's contract).
+
+    Parameters
+    ----------
+    base_logits : Tensor
+        ``(R, gamma, V)``: the backbone's logits ``U``.
+    anchor : Tensor
+        ``(R,)`` int64: the last committed token of each request (``x_{-1}``).
+    w1, w2 : Tensor
+        ``(V, r)`` each: ``markov_w1`` (embedding) and ``markov_w2`` (``Linear(r, V)`` weight); ``r`` may be 0.
+    temperature : float or Tensor
+        Scalar or ``(R,)``; 0 means greedy.
+    seed, offset : int
+        Philox stream of this round.
+    request_ids : Tensor, optional
+        ``(R,)`` int64 request ids keying the noise (default ``arange(R)``).
+
+    Returns
+    -------
+    MarkovSample
+        tokens ``(R, gamma)`` int64, corrected logits ``(R, gamma, V)`` float32, ``prev_emb`` ``(R, gamma, r)``.
+    """
+    R, gamma, V = base_logits.shape
+    sampler = _Sampler(temperature, seed, offset, request_ids, R, gamma, V, base_logits.device)
+    prev = anchor.to(torch.int64)
+    tokens, logits, embs = [], [], []
+    for k in range(gamma):
+        e = w1[prev]  # [R, r]
+        z = base_logits[:, k].float()
+        if w1.shape[1] > 0:
+            z = z + (e @ w2.t()).float()
+        prev = sampler.pick(z, k)
+        tokens.append(prev)
+        logits.append(z)
+        embs.append(e)
+    return MarkovSample(torch.stack(tokens, 1), torch.stack(logits, 1), torch.stack(embs, 1))
+
+
+class MarkovHead(nn.Module):
+    """Base of the Markov heads: ``markov_w1`` ``[V, r]`` and ``markov_w2`` ``[V, r]``; subclasses define the bias."""
+
+    head_type = "base"
+
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int) -> None:
+        super().__init__()
+        self.vocab_size, self.hidden_size, self.rank = vocab_size, hidden_size, rank
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def init_state(self, R: int, like: Tensor) -> Tensor | None:
+        return None
+
+    def step_bias(self, e: Tensor, h: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Bias ``B_k`` ``[R, V]`` from ``e = W1[x_{k-1}]`` ``[R, r]`` and ``h_k`` ``[R, H]``; returns the new state."""
+        raise NotImplementedError
+
+    def forward(self, base_logits: Tensor, prev_tokens: Tensor, hidden: Tensor) -> Tensor:
+        """Teacher-forced corrected logits ``z`` ``(R, gamma, V)`` float32 for given previous tokens ``(R, gamma)``."""
+        e_all = self.markov_w1(prev_tokens)
+        state = self.init_state(prev_tokens.shape[0], hidden)
+        out = []
+        for k in range(prev_tokens.shape[1]):
+            b, state = self.step_bias(e_all[:, k], hidden[:, k], state)
+            out.append(base_logits[:, k].float() + b.float())
+        return torch.stack(out, 1)
+
+    def sample(
+        self,
+        base_logits: Tensor,
+        anchor: Tensor,
+        temperature: float | Tensor,
+        seed: int,
+        offset: int,
+        hidden: Tensor | None = None,
+        request_ids: Tensor | None = None,
+    ) -> MarkovSample:
+        """Left-to-right sampling of one block (see the module docstring); ``hidden`` ``(R, gamma, H)``."""
+        R, gamma, V = base_logits.shape
+        if hidden is None:
+            raise ValueError(f"{type(self).__name__}.sample needs hidden (R, gamma, H)")
+        sampler = _Sampler(temperature, seed, offset, request_ids, R, gamma, V, base_logits.device)
+        w1 = self.markov_w1.weight
+        prev = anchor.to(torch.int64)
+        state = self.init_state(R, hidden)
+        tokens, logits, embs = [], [], []
+        for k in range(gamma):
+            e = w1[prev]
+            b, state = self.step_bias(e, hidden[:, k], state)
+            z = base_logits[:, k].float() + b.float()
+            prev = sampler.pick(z, k)
+            tokens.append(prev)
+            logits.append(z)
+            embs.append(e)
+        return MarkovSample(torch.stack(tokens, 1), torch.stack(logits, 1), torch.stack(embs, 1))
+
+
+class VanillaMarkovHead(MarkovHead):
+    """``B_k = W2 · W1[x_{k-1}]`` (the released DeepSpec checkpoints)."""
+
+    head_type = "vanilla"
+
+    def step_bias(self, e, h, state):
+        return self.markov_w2(e), state
+
+    def forward(self, base_logits: Tensor, prev_tokens: Tensor, hidden: Tensor | None = None) -> Tensor:
+        return base_logits.float() + self.markov_w2(self.markov_w1(prev_tokens)).float()
+
+    def sample(self, base_logits, anchor, temperature, seed, offset, hidden=None, request_ids=None) -> MarkovSample:
+        # Swap point for the fused ``dspark.ops.markov_sample`` op (same contract).
+        return markov_sample_torch(
+            base_logits, anchor, self.markov_w1.weight, self.markov_w2.weight, temperature, seed, offset, request_ids
+        )
+
+
+class GatedMarkovHead(MarkovHead):
+    """``g = sigmoid(gate_proj([h_k; e]))``, ``B_k = W2 (g * e)``."""
+
+    head_type = "gated"
+
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int) -> None:
+        super().__init__(vocab_size, hidden_size, rank)
+        self.gate_proj = nn.Linear(hidden_size + rank, rank)
+
+    def step_bias(self, e, h, state):
+        g = torch.sigmoid(self.gate_proj(torch.cat([h.to(e.dtype), e], -1)))
+        return self.markov_w2(g * e), state
+
+
+class RNNMarkovHead(MarkovHead):
+    """Gated recurrence (paper Eq. 6): ``[gate, cand, out] = joint_proj([s; e; h])``,
+    ``s = sigmoid(gate) * s + (1 - sigmoid(gate)) * tanh(cand)``, ``B_k = W2 tanh(out)``; ``s_{-1} = 0``."""
+
+    head_type = "rnn"
+
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int) -> None:
+        super().__init__(vocab_size, hidden_size, rank)
+        self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+
+    def init_state(self, R, like):
+        return torch.zeros(R, self.rank, dtype=self.joint_proj.weight.dtype, device=like.device)
+
+    def step_bias(self, e, h, state):
+        gate, cand, out = self.joint_proj(torch.cat([state, e, h.to(e.dtype)], -1)).chunk(3, dim=-1)
+        a = torch.sigmoid(gate)
+        state = a * state + (1 - a) * torch.tanh(cand)
+        return self.markov_w2(torch.tanh(out)), state
+
+
+MARKOV_HEADS = {"vanilla": VanillaMarkovHead, "gated": GatedMarkovHead, "rnn": RNNMarkovHead}
+
+
+class ConfidenceHead(nn.Module):
+    """``c_k = sigmoid((w · [h_k; W1[x_{k-1}]] + b) / T_k)``; ``proj = Linear(H + r, 1)`` kept in float32."""
+
+    def __init__(self, hidden_size: int, markov_rank: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden_size + markov_rank, 1, dtype=torch.float32)
+        self.input_rank = markov_rank
+
+    def _apply(self, fn, recurse=True):
+        # Stay in float32 (exactly) when the drafter is cast (``.to(bfloat16)``); device moves still apply.
+        saved = {n: p.data for n, p in self.proj.named_parameters()}
+        super()._apply(fn, recurse)
+        for n, p in self.proj.named_parameters():
+            if p.dtype != torch.float32:
+                p.data = saved[n].to(p.device)
+        return self
+
+    def logits(self, hidden: Tensor, prev_emb: Tensor) -> Tensor:
+        """Differentiable raw logits ``(R, gamma)`` float32 (for training); ``prev_emb`` may have ``r = 0``."""
+        x = torch.cat([hidden.float(), prev_emb[..., : self.input_rank].float()], -1)
+        return self.proj(x).squeeze(-1)
+
+    def forward(
+        self, hidden: Tensor, prev_emb: Tensor, sts_temperature: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(logit, conf, survival)``, each ``(R, gamma)`` float32, through ``dspark.ops.confidence``."""
+        gamma = hidden.shape[1]
+        if sts_temperature is None:
+            sts_temperature = torch.ones(gamma, dtype=torch.float32, device=hidden.device)
+        e = prev_emb[..., : self.input_rank]
+        if e.dtype != hidden.dtype:
+            e = e.to(hidden.dtype)
+        return dspark.ops.confidence(
+            hidden.contiguous(),
+            e.contiguous(),
+            self.proj.weight.reshape(-1),
+            self.proj.bias.reshape(()),
+            sts_temperature.to(device=hidden.device, dtype=torch.float32),
+        )

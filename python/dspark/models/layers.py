@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Building blocks of the drafter backbone (Qwen3-shaped; module names match DeepSpec's checkpoints)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    """HF Qwen3/Llama RMSNorm: variance in float32, cast back, then times the weight."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dt = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dt)
+
+
+class Rotary(nn.Module):
+    """Default RoPE: ``cos/sin(p * theta^(-2i/D))`` in float32, cast to the activation dtype; rotate-half layout."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+
+    def _inv_freq(self, device=None) -> Tensor:
+        exps = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim
+        return 1.0 / (self.theta**exps)
+
+    def reset(self, device) -> None:
+        """Recompute ``inv_freq`` (after meta-device construction)."""
+        self.inv_freq = self._inv_freq(device)
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``positions`` ``(N,)`` -> cos, sin ``(N, 1, D)`` in ``dtype`` (broadcast over heads)."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq.float().unsqueeze(0)
+        emb = torch.cat([freqs, freqs], -1)
+        return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x`` ``(N, heads, D)``; ``x * cos + rotate_half(x) * sin``."""
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rot * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def project_q(self, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """``(N, H)`` -> normed, rotated queries ``(N, heads, D)``."""
+        q = self.q_norm(self.q_proj(h).view(h.shape[0], self.heads, self.head_dim))
+        return apply_rotary(q, cos, sin)
+
+    def project_kv(self, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """``(N, H)`` -> normed, rotated keys and values ``(N, kv_heads, D)`` each."""
+        n = h.shape[0]
+        k = self.k_norm(self.k_proj(h).view(n, self.kv_heads, self.head_dim))
+        v = self.v_proj(h).view(n, self.kv_heads, self.head_dim)
+        return apply_rotary(k, cos, sin), v
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    """One decoder layer; the target context enters only as extra keys/values (see ``DSparkDrafter``)."""
+
+    def __init__(self, hidden, intermediate, heads, kv_heads, head_dim, eps) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = MLP(hidden, intermediate)

@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Batched drafting of requests with different context lengths equals drafting each alone; context management."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark import DSparkDrafter
+from dspark.models.heads import markov_sample_torch
+from tests.models.drafter_fixtures import random_checkpoint, tiny_config
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _drafter(tmp_path, head_type="vanilla", rank=6):
+    cfg = tiny_config(head_type, rank, block_size=5)
+    random_checkpoint(tmp_path / "c", cfg, seed=3)
+    return DSparkDrafter.from_pretrained(tmp_path / "c")
+
+
+@pytest.mark.parametrize("head_type", ["vanilla", "rnn"])
+def test_batched_equals_alone(tmp_path, head_type):
+    batch, alone = _drafter(tmp_path, head_type), _drafter(tmp_path, head_type)
+    gen = torch.Generator().manual_seed(0)
+    ids = [4, 9, 1]
+    lengths = {4: [7, 2, 1], 9: [0, 5, 3], 1: [13, 0, 6]}
+    for rnd in range(3):
+        feats = [torch.randn(lengths[i][rnd], 96, generator=gen) for i in ids]
+        anchors = torch.randint(0, 64, (3,), generator=gen)
+        temp = torch.tensor([0.0, 1.0, 0.5])
+        batch.append_context(ids, feats)
+        ob = batch.draft(ids, anchors, temp, seed=5, offset=rnd, return_base_logits=True)
+        for j, rid in enumerate(ids):
+            alone.append_context([rid], [feats[j]])
+            oa = alone.draft([rid], anchors[j : j + 1], temp[j : j + 1], seed=5, offset=rnd, return_base_logits=True)
+            assert torch.equal(ob.tokens[j], oa.tokens[0])
+            for name in ("hidden", "base_logits", "draft_logits", "prev_emb", "conf_logit", "survival"):
+                torch.testing.assert_close(getattr(ob, name)[j], getattr(oa, name)[0], **TOL)
+            assert batch.context_length(rid) == alone.context_length(rid) == sum(lengths[rid][: rnd + 1])
+
+
+def test_truncate_and_finish(tmp_path):
+    d = _drafter(tmp_path)
+    f = torch.randn(10, 96)
+    d.append_context([0], [f[:6]])
+    ref = d.draft([0], torch.tensor([3]), 0.0, return_base_logits=True)
+    d.append_context([0], [f[6:]])
+    d.truncate(0, 6)  # rollback: rows 6..9 dropped
+    assert d.next_position(0) == 6
+    again = d.draft([0], torch.tensor([3]), 0.0, return_base_logits=True)
+    torch.testing.assert_close(again.base_logits, ref.base_logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="positions"):
+        d.append_context([0], [f[:1]], positions=[9])
+    d.finish(0)
+    assert d.context_length(0) == 0
+    with pytest.raises(ValueError, match="request_ids"):
+        d.draft([1, 1], torch.tensor([3, 3]))
+    with pytest.raises(ValueError, match="features"):
+        d.append_context([2], [torch.randn(3, 95)])
+
+
+def test_sampling_statistics_and_greedy():
+    """Gumbel-max draws follow softmax(z/T); T=0 is argmax; the noise is keyed (same seed -> same draws)."""
+    V, R = 5, 4000
+    base = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])).expand(R, 1, V).contiguous()
+    empty = torch.empty(V, 0)
+    anchor = torch.zeros(R, dtype=torch.int64)
+    s = markov_sample_torch(base, anchor, empty, empty, 1.0, seed=1, offset=0)
+    freq = torch.bincount(s.tokens[:, 0], minlength=V).float() / R
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]), atol=0.03, rtol=0)
+    s2 = markov_sample_torch(base, anchor, empty, empty, 1.0, seed=1, offset=0)
+    assert torch.equal(s.tokens, s2.tokens)
+    g = markov_sample_torch(base, anchor, empty, empty, 0.0, seed=1, offset=0)
+    assert bool((g.tokens == 0).all())
+    with pytest.raises(ValueError, match="temperature"):
+        markov_sample_torch(base, anchor, empty, empty, -1.0, seed=1, offset=0)
