@@ -14,6 +14,7 @@ from dspark import (  # noqa: F401  (ops registers the fake implementations)
     ops,
     reference,
 )
+from dspark.decoding.decoder import DSparkDecoder, GenerateOutput, StreamEvent
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.models import DSparkDrafter
 
@@ -37,4 +38,4 @@ def cuda_kernels_available() -> bool:
     return bool(_C.build_info()["cuda"]) and torch.cuda.is_available()
 
 
-__all__ = ["DSparkDrafter", "Planner", "SpsTable", "build_info", "cuda_kernels_available", "ops", "__version__"]
+__all__ = ["DSparkDecoder", "DSparkDrafter", "GenerateOutput", "Planner", "StreamEvent", "SpsTable", "build_info", "cuda_kernels_available", "ops", "__version__"]

@@ -1,0 +1,491 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``DSparkDecoder``: batched, exact speculative generation for a Hugging Face causal LM and a DSpark drafter.
+
+One round for the R active requests (docs/decoder.md):
+
+1. the drafter drafts γ tokens per request from its context (backbone, Markov sampling, confidence);
+2. the planner picks each request's verify length from the survival (``plan_verify``);
+3. the target runs once on the packed ``[anchor, x_1 .. x_{l_r}]`` of every request (paged KV);
+4. ``rejection_sample`` accepts a prefix of each request's drafts and emits a correction or bonus token;
+5. commit: the target KV is cut back to the committed tokens, the drafter context gets their target features,
+   stop rules are applied, finished requests free their state and waiting requests are admitted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dspark.decoding.planner import Planner, SpsTable
+from dspark.decoding.stats import DSparkStats
+from dspark.decoding.stopping import StopCriteria, TextStream
+from dspark.kv import KVPoolExhausted
+from dspark.models.drafter import DSparkDrafter
+from dspark.models.pairing import validate_pairing
+from dspark.models.target import TargetAdapter
+from dspark.ops import rejection_sample
+
+
+@dataclass
+class StreamEvent:
+    """Tokens a request committed in one round (never rolled back later)."""
+
+    index: int  # the request's position in the generate() call
+    tokens: list[int]
+    text: str | None
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass
+class GenerateOutput:
+    """Result of :meth:`DSparkDecoder.generate` (lists in prompt order).
+
+    ``sequences[i]`` are the generated token ids of prompt ``i`` (without the prompt), ``texts[i]`` their decoded
+    text (when a tokenizer is known), ``finish_reasons[i]`` one of ``"eos"``, ``"stop"``, ``"length"``.
+    """
+
+    sequences: list[list[int]]
+    prompt_ids: list[list[int]]
+    texts: list[str] | None
+    finish_reasons: list[str]
+    stats: DSparkStats
+
+
+@dataclass
+class _Request:
+    index: int
+    rid: int
+    prompt: list[int]
+    stop: StopCriteria
+    stream: TextStream | None
+    anchor: int = -1
+    started: bool = False  # the prompt (and any resumed tokens) are in the KV caches
+    events: list[StreamEvent] = field(default_factory=list)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.stop.generated
+
+
+def _load_sts(sts: Any, gamma: int) -> Tensor | None:
+    if sts is None:
+        return None
+    if isinstance(sts, (str, Path)):
+        try:
+            d = json.loads(Path(sts).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"sts: cannot read STS JSON {sts}: {e}") from e
+        if not isinstance(d, dict) or "temperatures" not in d:
+            raise ValueError(f"sts: {sts} has no 'temperatures' list (SGLang's STS JSON expected)")
+        sts = d["temperatures"]
+    t = torch.as_tensor(sts, dtype=torch.float32).reshape(-1)
+    if t.numel() < gamma:
+        raise ValueError(f"sts: {t.numel()} temperatures for block size {gamma}; need one per draft position")
+    if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+        raise ValueError("sts: temperatures must be finite and > 0")
+    return t[:gamma].contiguous()
+
+
+class DSparkDecoder:
+    """Speculative generation with a DSpark drafter that keeps the target's output distribution exactly.
+
+    Parameters
+    ----------
+    target : transformers.PreTrainedModel
+        The causal LM to accelerate (its attention is switched to dspark's paged backend; :meth:`close`
+        restores it).
+    drafter : DSparkDrafter
+        A drafter paired with ``target`` (checked before anything runs).
+    planner : str or Planner
+        ``"full"``, ``"threshold"``, ``"early_stop"`` (default) or ``"lagged_topk"``, or a ready Planner.
+    sps_table : SpsTable, dict, path or None
+        Target cost curve for the planner (missing: every draft is verified).
+    sts : path, sequence of float or None
+        Per-position STS temperatures of the confidence head (SGLang's STS JSON or a list).
+    block_size : int or None
+        Drafts per round γ (default: the drafter's block size; at most that).
+    page_size : int
+        KV page size of the target's paged cache.
+    max_batch_size : int
+        Requests decoded together; further prompts wait and are admitted as requests finish.
+    tokenizer : optional
+        Needed for string prompts, chat messages, stop strings and decoded text.
+    max_kv_pages : int or None
+        Cap on the target's KV pool; when it runs out the newest request is preempted and resumed later.
+    """
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        drafter: DSparkDrafter,
+        planner: str | Planner = "early_stop",
+        sps_table: SpsTable | dict | str | Path | None = None,
+        sts: Any = None,
+        block_size: int | None = None,
+        page_size: int = 16,
+        max_batch_size: int = 8,
+        tokenizer: Any = None,
+        threshold: float = 0.0,
+        lag: int = 1,
+        max_kv_pages: int | None = None,
+    ) -> None:
+        validate_pairing(drafter.config, target, tokenizer=tokenizer)
+        gamma = drafter.config.block_size if block_size is None else int(block_size)
+        if not 0 <= gamma <= drafter.config.block_size:
+            raise ValueError(f"block_size: must be in [0, {drafter.config.block_size}] (the drafter's), got {gamma}")
+        if int(max_batch_size) < 1:
+            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+        self.target = target
+        self.drafter = drafter
+        self.gamma = gamma
+        self.tokenizer = tokenizer
+        self.max_batch_size = int(max_batch_size)
+        self.planner = planner if isinstance(planner, Planner) else Planner(planner, sps_table, threshold, lag)
+        self.sts = _load_sts(sts, max(gamma, 1))
+        self.adapter = TargetAdapter(target, page_size=page_size, max_pages=max_kv_pages)
+        self.taps = list(drafter.config.target_layer_ids)
+        self.stats = DSparkStats(gamma=gamma)
+        self._next_rid = 0
+        self._offset = 0
+        self.max_positions = getattr(target.config, "max_position_embeddings", None)
+
+    # ------------------------------------------------------------------ public API
+    def close(self) -> None:
+        """Restore the target's attention implementation and free the KV caches."""
+        self.adapter.close()
+
+    def generate(
+        self,
+        prompts: Any,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        stop: Sequence[str] | str | None = None,
+        seed: int = 0,
+        generation_config: Any = None,
+        stream: bool = False,
+        speculative: bool = True,
+    ) -> GenerateOutput | Iterator[StreamEvent]:
+        """Generate continuations of one or several prompts.
+
+        Parameters
+        ----------
+        prompts
+            Token ids (a list of ints or a 1-D tensor), a batch of token-id lists of different lengths, a string,
+            a list of strings, chat messages (``[{"role": ..., "content": ...}, ...]``) or a list of those.
+            Strings and messages go through the tokenizer's chat template (as a single user turn for strings).
+        max_new_tokens, temperature, top_k, top_p, repetition_penalty, eos_token_id
+            As in Hugging Face ``generate``; ``temperature`` 0 (default) is greedy. Values not given are taken
+            from ``generation_config`` (then from the target's), with max_new_tokens defaulting to 128.
+        stop : str or list of str
+            Stop strings (need a tokenizer).
+        seed : int
+            Seed of the counter-based RNG: the same seed and prompts give the same output.
+        stream : bool
+            Return an iterator of :class:`StreamEvent` (committed tokens of each request as they come).
+        speculative : bool
+            False runs plain decoding through the same engine (γ = 0).
+        """
+        cfg = self._resolve_config(
+            generation_config, max_new_tokens, temperature, top_k, top_p, repetition_penalty, eos_token_id, stop
+        )
+        prompt_ids = self._encode_prompts(prompts)
+        reqs = self._make_requests(prompt_ids, cfg)
+        events = self._run(reqs, cfg, int(seed), speculative and self.gamma > 0)
+        if stream:
+            return events
+        for _ in events:
+            pass
+        texts = None
+        if self.tokenizer is not None:
+            texts = [self.tokenizer.decode(r.generated, skip_special_tokens=True) for r in reqs]
+        return GenerateOutput(
+            sequences=[list(r.generated) for r in reqs],
+            prompt_ids=[list(r.prompt) for r in reqs],
+            texts=texts,
+            finish_reasons=[r.stop.finish_reason or "length" for r in reqs],
+            stats=self._last_stats,
+        )
+
+    # ------------------------------------------------------------------ inputs
+    def _resolve_config(self, gc, max_new_tokens, temperature, top_k, top_p, repetition_penalty, eos, stop):
+        gc = gc if gc is not None else getattr(self.target, "generation_config", None)
+
+        def pick(value, name, default):
+            if value is not None:
+                return value
+            v = getattr(gc, name, None) if gc is not None else None
+            return default if v is None else v
+
+        do_sample = getattr(gc, "do_sample", None) if gc is not None else None
+        if temperature is None:
+            temperature = pick(None, "temperature", 1.0) if do_sample else 0.0
+        cfg = {
+            "max_new_tokens": int(pick(max_new_tokens, "max_new_tokens", 128)),
+            "temperature": float(temperature),
+            "top_k": int(top_k) if top_k is not None else (int(getattr(gc, "top_k", 0) or 0) if do_sample else 0),
+            "top_p": float(top_p) if top_p is not None else (float(getattr(gc, "top_p", 1.0) or 1.0) if do_sample else 1.0),
+            "repetition_penalty": float(pick(repetition_penalty, "repetition_penalty", 1.0)),
+            "stop": [stop] if isinstance(stop, str) else list(stop or pick(None, "stop_strings", []) or []),
+        }
+        if cfg["max_new_tokens"] < 1:
+            raise ValueError(f"max_new_tokens: must be >= 1, got {cfg['max_new_tokens']}")
+        if cfg["temperature"] < 0 or cfg["temperature"] != cfg["temperature"]:
+            raise ValueError(f"temperature: must be >= 0, got {cfg['temperature']}")
+        if not 0 < cfg["top_p"] <= 1:
+            raise ValueError(f"top_p: must be in (0, 1], got {cfg['top_p']}")
+        if cfg["repetition_penalty"] <= 0:
+            raise ValueError(f"repetition_penalty: must be > 0, got {cfg['repetition_penalty']}")
+        eos = pick(eos, "eos_token_id", None)
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        cfg["eos"] = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+        if cfg["stop"] and self.tokenizer is None:
+            raise ValueError("stop: stop strings need the decoder's tokenizer")
+        return cfg
+
+    def _encode_prompts(self, prompts: Any) -> list[list[int]]:
+        if isinstance(prompts, Tensor):
+            prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)):
+            prompts = [prompts]
+        elif isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+            prompts = [prompts]
+        if not isinstance(prompts, list) or not prompts:
+            raise ValueError("prompts: expected token ids, a list of token-id lists, strings or chat messages")
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, Tensor):
+                p = p.tolist()
+            if isinstance(p, (str, list)) and (isinstance(p, str) or (p and isinstance(p[0], dict))):
+                if self.tokenizer is None:
+                    raise ValueError(f"prompts[{i}]: text or chat prompts need the decoder's tokenizer")
+                msgs = [{"role": "user", "content": p}] if isinstance(p, str) else p
+                p = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+                if isinstance(p, dict) or hasattr(p, "input_ids"):
+                    p = p["input_ids"]
+            p = [int(t) for t in p]
+            if not p:
+                raise ValueError(f"prompts[{i}]: the prompt is empty")
+            V = self.drafter.config.vocab_size
+            if min(p) < 0 or max(p) >= V:
+                raise ValueError(f"prompts[{i}]: token ids must be in [0, {V})")
+            out.append(p)
+        return out
+
+    def _make_requests(self, prompt_ids: list[list[int]], cfg: dict) -> list[_Request]:
+        reqs = []
+        for i, p in enumerate(prompt_ids):
+            if self.max_positions and len(p) + cfg["max_new_tokens"] + self.gamma + 1 > self.max_positions:
+                raise ValueError(
+                    f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {cfg['max_new_tokens']} exceed the "
+                    f"target's context of {self.max_positions} positions"
+                )
+            stop = StopCriteria(cfg["max_new_tokens"], cfg["eos"], cfg["stop"], self.tokenizer)
+            stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
+            reqs.append(_Request(i, self._new_rid(), p, stop, stream))
+        return reqs
+
+    def _new_rid(self) -> int:
+        self._next_rid = (self._next_rid + 1) % (1 << 32)
+        return self._next_rid
+
+    # ------------------------------------------------------------------ the engine
+    def _run(self, reqs: list[_Request], cfg: dict, seed: int, speculative: bool) -> Iterator[StreamEvent]:
+        stats = DSparkStats(gamma=self.gamma)
+        self._last_stats = stats
+        waiting = deque(reqs)
+        active: list[_Request] = []
+        t_start = time.perf_counter()
+        self.planner.reset()
+        try:
+            while waiting or active:
+                while waiting and len(active) < self.max_batch_size:
+                    active.append(waiting.popleft())
+                fresh = [r for r in active if not r.started]
+                if fresh:
+                    self._with_preemption(lambda f=fresh: self._prefill(f, cfg, seed, stats), active, waiting)
+                else:
+                    self._with_preemption(lambda: self._round(active, cfg, seed, speculative, stats), active, waiting)
+                for r in list(active):
+                    yield from r.events
+                    r.events.clear()
+                    if r.stop.finished:
+                        self._release(r)
+                        active.remove(r)
+        finally:
+            for r in active:
+                self._release(r)
+            stats.wall_seconds = time.perf_counter() - t_start
+            self.stats.merge(stats)
+
+    def _with_preemption(self, step, active: list[_Request], waiting: deque) -> None:
+        while True:
+            try:
+                step()
+                return
+            except KVPoolExhausted:
+                running = [r for r in active if r.started]
+                if len(running) <= 1:
+                    raise
+                victim = running[-1]  # the newest: it resumes from its committed tokens later
+                self._release(victim)
+                victim.started = False
+                active.remove(victim)
+                waiting.appendleft(victim)
+
+    def _release(self, r: _Request) -> None:
+        if r.rid in self.adapter.pool:
+            self.adapter.finish(r.rid)
+        self.drafter.finish(r.rid)
+
+    def _features(self, out, rows: Tensor) -> Tensor:
+        return torch.cat([out.hidden[l][rows] for l in self.taps], -1)
+
+    def _sample_params(self, rs: list[_Request], cfg: dict, dev) -> dict:
+        R = len(rs)
+        kw: dict[str, Any] = {}
+        if cfg["top_k"] > 0:
+            kw["top_k"] = torch.full((R,), cfg["top_k"], dtype=torch.int64, device=dev)
+        if cfg["top_p"] < 1.0:
+            kw["top_p"] = torch.full((R,), cfg["top_p"], dtype=torch.float32, device=dev)
+        if cfg["repetition_penalty"] != 1.0:
+            seqs = [r.prompt + r.generated for r in rs]
+            kw["repetition_penalty"] = torch.full((R,), cfg["repetition_penalty"], dtype=torch.float32, device=dev)
+            kw["penalty_tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int64, device=dev)
+            ptr = [0]
+            for s in seqs:
+                ptr.append(ptr[-1] + len(s))
+            kw["penalty_indptr"] = torch.tensor(ptr, dtype=torch.int64, device=dev)
+        return kw
+
+    def _accept(self, logits, qo, q, tokens, verify_len, rs, cfg, seed) -> tuple[Tensor, Tensor]:
+        if not bool(torch.isfinite(logits).all()):
+            raise RuntimeError("target verify: the target produced NaN/inf logits")
+        dev = logits.device
+        R = len(rs)
+        temp = torch.full((R,), cfg["temperature"], dtype=torch.float32, device=dev)
+        rids = torch.tensor([r.rid for r in rs], dtype=torch.int64, device=dev)
+        offset = self._offset
+        self._offset += 1
+        return rejection_sample(
+            logits.float(),
+            torch.tensor(qo, dtype=torch.int32, device=dev),
+            q,
+            tokens,
+            verify_len.to(device=dev, dtype=torch.int32),
+            temp,
+            seed,
+            offset,
+            rids,
+            **self._sample_params(rs, cfg, dev),
+        )
+
+    def _prefill(self, rs: list[_Request], cfg: dict, seed: int, stats: DSparkStats) -> None:
+        """Put prompts (and, for preempted requests, their committed tokens) in the caches; draw first tokens."""
+        batch = []
+        for r in rs:
+            self.adapter.add_request(r.rid)
+            toks = r.prompt + r.generated[:-1]
+            batch.append((r.rid, toks, "last"))
+        t0 = time.perf_counter()
+        out = self.adapter.forward(batch, layers=self._hf_layers())
+        stats.add_time("verify", time.perf_counter() - t0)
+        for i, r in enumerate(rs):
+            rows = torch.arange(out.qo_indptr[i], out.qo_indptr[i + 1])
+            self.drafter.append_context([r.rid], [self._features(out, rows)], positions=[0])
+            r.started = True
+        new = [r for r in rs if not r.generated]
+        if new:
+            idx = [rs.index(r) for r in new]
+            logits = torch.cat([out.request_logits(i) for i in idx])
+            V = logits.shape[-1]
+            dummy_q = torch.zeros(len(new), 1, V, dtype=torch.float32, device=logits.device)
+            dummy_x = torch.zeros(len(new), 1, dtype=torch.int64, device=logits.device)
+            vl = torch.ones(len(new), dtype=torch.int32)
+            _, out_tokens = self._accept(logits, list(range(len(new) + 1)), dummy_q, dummy_x, vl, new, cfg, seed)
+            for j, r in enumerate(new):
+                self._commit(r, [int(out_tokens[j, 0])])
+        for r in rs:
+            if r.generated and not r.stop.finished:
+                r.anchor = r.generated[-1]
+
+    def _hf_layers(self) -> list[int]:
+        return [l for l in self.taps]
+
+    def _commit(self, r: _Request, tokens: list[int]) -> list[int]:
+        kept = r.stop.commit(tokens)
+        text = r.stream.push(kept, final=r.stop.finished) if r.stream is not None else None
+        r.events.append(StreamEvent(r.index, kept, text, r.stop.finished, r.stop.finish_reason))
+        return kept
+
+    def _round(self, rs: list[_Request], cfg: dict, seed: int, speculative: bool, stats: DSparkStats) -> None:
+        rs = [r for r in rs if r.started and not r.stop.finished]
+        if not rs:
+            return
+        R, g = len(rs), self.gamma
+        dev = self.adapter.device
+        anchors = torch.tensor([r.anchor for r in rs], dtype=torch.int64)
+        survival = None
+        t0 = time.perf_counter()
+        if speculative:
+            d = self.drafter.draft(
+                [r.rid for r in rs], anchors, cfg["temperature"], seed, self._offset, self.sts
+            )
+            self._offset += 1
+            drafts, q = d.tokens[:, :g], d.draft_logits[:, :g].float().contiguous()
+            if not bool(torch.isfinite(q).all()):
+                raise RuntimeError("draft: the drafter produced NaN/inf logits")
+            t1 = time.perf_counter()
+            stats.add_time("draft", t1 - t0)
+            if d.survival is not None:
+                survival = d.survival[:, :g].contiguous()
+                plan = self.planner.plan(survival, [r.rid for r in rs])
+                verify_len, budget = plan.verify_len.cpu(), int(plan.budget)
+            else:  # no confidence head (DFlash): nothing to plan with
+                verify_len, budget = torch.full((R,), g + 1, dtype=torch.int32), R * g
+            t0 = time.perf_counter()
+            stats.add_time("plan", t0 - t1)
+        else:
+            V = self.drafter.config.vocab_size
+            drafts = torch.zeros(R, 1, dtype=torch.int64, device=dev)
+            q = torch.zeros(R, 1, V, dtype=torch.float32, device=dev)
+            verify_len, budget = torch.ones(R, dtype=torch.int32), 0
+        lens = verify_len.tolist()
+        batch = []
+        for i, r in enumerate(rs):
+            batch.append((r.rid, [r.anchor] + drafts[i, : lens[i] - 1].tolist(), "all"))
+        out = self.adapter.forward(batch, layers=self._hf_layers())
+        t1 = time.perf_counter()
+        stats.add_time("verify", t1 - t0)
+        accepted, out_tokens = self._accept(out.logits, out.qo_indptr, q, drafts, verify_len, rs, cfg, seed)
+        t0 = time.perf_counter()
+        stats.add_time("accept", t0 - t1)
+        acc = accepted.tolist()
+        emitted = []
+        for i, r in enumerate(rs):
+            a = acc[i]
+            committed_len = self.adapter.length(r.rid) - lens[i] + 1 + a  # anchor + accepted drafts
+            self.adapter.truncate(r.rid, committed_len)
+            kept = self._commit(r, out_tokens[i, : a + 1].tolist())
+            emitted.append(len(kept))
+            if not r.stop.finished:
+                rows = torch.arange(out.qo_indptr[i], out.qo_indptr[i] + a + 1)
+                self.drafter.append_context([r.rid], [self._features(out, rows)])
+                r.anchor = kept[-1]
+        stats.record_round(
+            lens, acc, emitted, survival.tolist() if survival is not None else None, budget
+        )
+        stats.add_time("commit", time.perf_counter() - t0)

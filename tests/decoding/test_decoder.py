@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DSparkDecoder: greedy output equals the target's own greedy decoding; state after rejections; errors."""
+
+import pytest
+import torch
+
+from dspark import DSparkDecoder, SpsTable
+from tests.decoding.toy_models import markov_chain_target, markov_drafter, random_drafter, tiny_target
+
+MODES = ["full", "threshold", "early_stop", "lagged_topk"]
+# a cost curve under which the planner verifies some drafts but not all
+SPS = SpsTable((1, 2, 4, 8, 16, 32), (100.0, 97.0, 90.0, 75.0, 50.0, 30.0), 64)
+
+
+def prompts_of(lengths, vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model, prompt, n, eos=None):
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=n,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("batch", [1, 4, 8])
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_equals_target_greedy(family, batch, mode):
+    target = tiny_target(family, seed=batch)
+    drafter = random_drafter(target)
+    lengths = [3, 17, 5, 30, 9, 1, 22, 12][:batch]
+    prompts = prompts_of(lengths, 96, seed=batch)
+    want = [hf_greedy(target, p, 12) for p in prompts]
+    dec = DSparkDecoder(target, drafter, planner=mode, sps_table=SPS, threshold=0.3, max_batch_size=3)
+    try:
+        out = dec.generate(prompts, max_new_tokens=12, temperature=0.0, eos_token_id=[])
+    finally:
+        dec.close()
+    assert out.sequences == want
+    assert out.finish_reasons == ["length"] * batch
+    assert out.stats.request_rounds > 0 and out.stats.tau >= 1.0
+
+
+def test_plain_decoding_through_the_same_engine():
+    target = tiny_target("llama", seed=3)
+    prompts = prompts_of([4, 11], 96, seed=3)
+    want = [hf_greedy(target, p, 10) for p in prompts]
+    dec = DSparkDecoder(target, random_drafter(target))
+    try:
+        out = dec.generate(prompts, max_new_tokens=10, speculative=False, eos_token_id=[])
+    finally:
+        dec.close()
+    assert out.sequences == want
+    assert out.stats.tau == 1.0
+
+
+def _chain(V=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(V, V, generator=g) * 2.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_eos_inside_an_accepted_block(mode):
+    table = _chain()
+    target = markov_chain_target(table)
+    prompt = [1, 4]
+    free = hf_greedy(target, prompt, 8)
+    eos = free[4]  # a token the greedy chain reaches; the perfect drafter drafts it inside a block
+    want = hf_greedy(target, prompt, 8, eos=eos)
+    dec = DSparkDecoder(target, markov_drafter(target, table, block_size=4), planner=mode, sps_table=SPS)
+    try:
+        out = dec.generate([prompt], max_new_tokens=8, eos_token_id=eos)
+    finally:
+        dec.close()
+    assert out.sequences == [want]
+    assert out.finish_reasons == ["eos"]
+    assert out.stats.conditional_acceptance[0] == 1.0  # every verified draft accepted: a perfect drafter
+
+
+class CheckingDecoder(DSparkDecoder):
+    """After every round: the target KV and drafter context hold exactly the committed tokens."""
+
+    checks = 0
+
+    def _round(self, rs, cfg, seed, speculative, stats):
+        super()._round(rs, cfg, seed, speculative, stats)
+        for r in rs:
+            if r.stop.finished:
+                continue
+            committed = r.prompt + r.generated[:-1]  # the anchor is not in the caches yet
+            assert self.adapter.length(r.rid) == len(committed)
+            assert self.drafter.context_length(r.rid) == len(committed)
+            # the live cache gives the same next-token logits as a fresh prefill of the committed tokens
+            live = self.adapter.forward([(r.rid, [r.anchor], "all")]).logits
+            self.adapter.truncate(r.rid, len(committed))
+            self.adapter.add_request(-1)
+            fresh = self.adapter.forward([(-1, committed + [r.anchor], "last")]).logits
+            self.adapter.finish(-1)
+            torch.testing.assert_close(live, fresh, atol=1e-4, rtol=1e-4)
+            type(self).checks += 1
+
+
+def test_state_after_rejections_matches_a_fresh_prefill():
+    target = tiny_target("qwen3", seed=5)
+    dec = CheckingDecoder(target, random_drafter(target), planner="early_stop", sps_table=SPS)
+    try:
+        out = dec.generate(prompts_of([5, 13, 8], 96, seed=5), max_new_tokens=10, temperature=1.0, seed=3)
+    finally:
+        dec.close()
+    assert CheckingDecoder.checks > 5
+    assert out.stats.rejected_drafts > 0  # the random drafter is rejected often
+
+
+def test_stream_yields_committed_tokens_in_order():
+    target = tiny_target("llama", seed=6)
+    prompts = prompts_of([4, 9], 96, seed=6)
+    dec = DSparkDecoder(target, random_drafter(target))
+    try:
+        full = dec.generate(prompts, max_new_tokens=9, seed=1, temperature=1.0, eos_token_id=[])
+        got = [[], []]
+        for ev in dec.generate(prompts, max_new_tokens=9, seed=1, temperature=1.0, eos_token_id=[], stream=True):
+            got[ev.index] += ev.tokens
+    finally:
+        dec.close()
+    assert got == full.sequences  # same seed: same tokens; streamed pieces concatenate to the result
+
+
+def test_continuous_batching_and_kv_preemption_lose_nothing():
+    target = tiny_target("llama", seed=7)
+    prompts = prompts_of([20, 25, 18, 30, 22], 96, seed=7)
+    want = [hf_greedy(target, p, 14) for p in prompts]
+    # 12 pages of 16 tokens cannot hold five requests of ~45 tokens at once: requests get preempted and resumed
+    dec = DSparkDecoder(target, random_drafter(target), max_batch_size=5, max_kv_pages=12)
+    try:
+        out = dec.generate(prompts, max_new_tokens=14, eos_token_id=[])
+        assert dec.adapter.pool.used_pages == 0
+    finally:
+        dec.close()
+    assert out.sequences == want
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(prompts=[[]]), "prompts\\[0\\]: the prompt is empty"),
+        (dict(prompts=[[1, 2]], max_new_tokens=0), "max_new_tokens"),
+        (dict(prompts=[[1, 500]]), "token ids must be in"),
+        (dict(prompts=[[1] * 600]), "context"),
+        (dict(prompts=[[1, 2]], temperature=-1.0), "temperature"),
+        (dict(prompts=[[1, 2]], top_p=0.0), "top_p"),
+        (dict(prompts="hello"), "tokenizer"),
+        (dict(prompts=[[1, 2]], stop=["x"]), "tokenizer"),
+    ],
+)
+def test_bad_requests_fail_clearly_and_leave_the_decoder_usable(kwargs, match):
+    target = tiny_target("llama", seed=8)
+    dec = DSparkDecoder(target, random_drafter(target))
+    try:
+        with pytest.raises(ValueError, match=match):
+            dec.generate(**kwargs)
+        out = dec.generate([[1, 2, 3]], max_new_tokens=3)
+        assert len(out.sequences[0]) == 3
+    finally:
+        dec.close()
+
+
+def test_nan_logits_name_the_stage_and_leave_the_decoder_usable():
+    target = tiny_target("llama", seed=9)
+    dec = DSparkDecoder(target, random_drafter(target))
+    try:
+        w = target.lm_head.weight.data.clone()
+        target.lm_head.weight.data[5] = float("nan")
+        with pytest.raises(RuntimeError, match="target verify"):
+            dec.generate([[1, 2, 3]], max_new_tokens=3)
+        target.lm_head.weight.data.copy_(w)
+        assert dec.adapter.pool.used_pages == 0
+        assert len(dec.generate([[1, 2, 3]], max_new_tokens=3).sequences[0]) == 3
+    finally:
+        dec.close()
+
+
+def test_mismatched_drafter_fails_before_anything_runs():
+    a = tiny_target("llama", vocab=96)
+    b = tiny_target("llama", vocab=80)
+    with pytest.raises(ValueError, match="vocab_size"):
+        DSparkDecoder(b, random_drafter(a))
