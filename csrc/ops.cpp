@@ -35,6 +35,27 @@ TORCH_LIBRARY(dspark, m) {
   m.def(
       "paged_verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "
       "Tensor kv_indices, Tensor kv_last_page_len, float scale, bool causal) -> Tensor");
+  // base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32 (0 =
+  // greedy), request_ids [R] i64 (Philox request key; default r)
+  //   -> tokens [R, g] i64, draft_logits [R, g, V] f32 (z = U + W2 W1[x_{k-1}]), prev_emb [R, g, r] f32
+  m.def(
+      "markov_sample(Tensor base_logits, Tensor anchor, Tensor w1, Tensor w2, Tensor temperature, int seed, "
+      "int offset, Tensor? request_ids=None) -> (Tensor tokens, Tensor draft_logits, Tensor prev_emb)");
+  // hidden [R, g, H], lm_head [V, H] (hidden's dtype), the rest as markov_sample; U = hidden @ lm_head^T
+  // fused
+  m.def(
+      "markov_sample_from_hidden(Tensor hidden, Tensor lm_head, Tensor anchor, Tensor w1, Tensor w2, "
+      "Tensor temperature, int seed, int offset, Tensor? request_ids=None) "
+      "-> (Tensor tokens, Tensor draft_logits, Tensor prev_emb)");
+  // target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32, draft_tokens [R, g] i64,
+  // verify_len [R] i32 in [1, g + 1], temperature [R] f32, optional request_ids [R] i64, top_k [R] i64,
+  // top_p [R] f32, repetition_penalty [R] f32, penalty_tokens [P] i64, penalty_indptr [R + 1] i64
+  //   -> accepted [R] i32, out_tokens [R, g + 1] i64 (-1 padded)
+  m.def(
+      "rejection_sample(Tensor target_logits, Tensor qo_indptr, Tensor draft_logits, Tensor draft_tokens, "
+      "Tensor verify_len, Tensor temperature, int seed, int offset, Tensor? request_ids=None, "
+      "Tensor? top_k=None, Tensor? top_p=None, Tensor? repetition_penalty=None, Tensor? penalty_tokens=None, "
+      "Tensor? penalty_indptr=None) -> (Tensor accepted, Tensor out_tokens)");
 }
 
 namespace {

@@ -2,10 +2,12 @@
 """Typed wrappers of the ``torch.ops.dspark`` operators; importing this registers their fake implementations."""
 
 from dspark.ops.confidence import confidence
+from dspark.ops.markov_sample import markov_sample, markov_sample_from_hidden
 from dspark.ops.paged_kv_append import paged_kv_append
 from dspark.ops.paged_verify_attention import paged_verify_attention
 from dspark.ops.philox_draw import philox_draw
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
+from dspark.ops.rejection_sample import rejection_sample
 
 __all__ = [
     "PLAN_MODES",
@@ -14,4 +16,7 @@ __all__ = [
     "paged_verify_attention",
     "philox_draw",
     "plan_verify",
+    "markov_sample",
+    "markov_sample_from_hidden",
+    "rejection_sample",
 ]

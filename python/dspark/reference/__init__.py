@@ -2,19 +2,26 @@
 """Pure-PyTorch / pure-Python oracles of every dspark op (slow, plain, obviously right)."""
 
 from dspark.reference.confidence import confidence_ref
+from dspark.reference.markov_sample import markov_sample_from_hidden_ref, markov_sample_ref
 from dspark.reference.paged_kv_append import paged_kv_append_ref
 from dspark.reference.paged_verify_attention import gather_request_kv, paged_verify_attention_ref
 from dspark.reference.philox import philox4x32_10_ref, philox_draw_ref
 from dspark.reference.plan_verify import plan_verify_anticipating_ref, plan_verify_ref, sps_ceil_ref
+from dspark.reference.rejection_sample import draft_probs_ref, rejection_sample_ref, target_probs_ref
 
 __all__ = [
     "confidence_ref",
     "gather_request_kv",
     "paged_kv_append_ref",
     "paged_verify_attention_ref",
+    "draft_probs_ref",
+    "markov_sample_from_hidden_ref",
+    "markov_sample_ref",
     "philox4x32_10_ref",
     "philox_draw_ref",
     "plan_verify_anticipating_ref",
     "plan_verify_ref",
+    "rejection_sample_ref",
     "sps_ceil_ref",
+    "target_probs_ref",
 ]

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU markov_sample / markov_sample_from_hidden: the semi-autoregressive Markov draft step.
+// For k = 0..g-1 (left to right): e = W1[x_{k-1}] (x_{-1} = anchor), z_k = U_k + W2 e, x_k = argmax(z_k / T + G)
+// with keyed Philox Gumbel noise G (argmax of z_k when T = 0). Each step runs parallel over vocabulary tiles;
+// a tile of W2 is read once per step and reused for every request from cache. The arithmetic (markov_dot,
+// draft_key, tie rule) is include/dspark/sampling.h, shared with the CUDA kernel, so tokens and z agree bit
+// for bit across devices.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "checks/markov_sample.h"
+#include "dspark/sampling.h"
+
+namespace dspark {
+namespace {
+
+constexpr int64_t kVocabTile = 256;
+// A token whose scaled logit is this far below its tile's maximum can never win the Gumbel-max: the largest
+// Gumbel value (u = 1 - 2^-24) is 16.64 and the smallest (u = 2^-24) is -2.82. Skipping its noise is exact.
+constexpr float kGumbelSpan = 19.5f;
+
+struct Best {
+  float key;
+  int64_t idx;
+};
+
+// One (vocab tile, request) unit of a step: writes z for the tile and returns the tile's best key.
+// Compiled for AVX2+FMA with a generic fallback; -ffp-contract=off keeps mul and add unfused.
+template <typename TU, typename TW>
+__attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_row, const TW* w2, const float* e, int64_t rank, int64_t i0, int64_t i1,
+               float temperature, uint64_t seed, uint64_t offset, uint32_t request, uint32_t position) {
+  float y[kVocabTile];
+  float ymax = -INFINITY;
+  for (int64_t i = i0; i < i1; ++i) {
+    const float z = add_rn(static_cast<float>(u_row[i]), markov_dot(w2 + i * rank, e, rank));
+    z_row[i] = z;
+    const float yi = temperature == 0.0f ? z : div_rn(z, temperature);
+    y[i - i0] = yi;
+    ymax = yi > ymax ? yi : ymax;
+  }
+  Best best{-INFINITY, -1};
+  if (temperature == 0.0f) {
+    for (int64_t i = i0; i < i1; ++i) {
+      if (best.idx < 0 || better(y[i - i0], i, best.key, best.idx)) best = {y[i - i0], i};
+    }
+    return best;
+  }
+  const float cut = add_rn(ymax, -kGumbelSpan);
+  for (int64_t b = i0 & ~int64_t{3}; b < i1; b += 4) {  // Philox blocks of 4 consecutive vocabulary ids
+    bool any = false;
+    for (int64_t i = b < i0 ? i0 : b; i < b + 4 && i < i1; ++i) any |= y[i - i0] >= cut;
+    if (!any) continue;
+    const Philox4 words = philox_block(seed, offset, request, position, kPurposeDraftSample,
+                                       static_cast<uint32_t>(b >> 2));
+    for (int c = 0; c < 4; ++c) {
+      const int64_t i = b + c;
+      if (i < i0 || i >= i1 || !(y[i - i0] >= cut)) continue;  // -inf logits never win
+      const float key = add_rn(y[i - i0], uniform_to_gumbel(bits_to_uniform(words.v[c])));
+      if (best.idx < 0 || better(key, i, best.key, best.idx)) best = {key, i};
+    }
+  }
+  return best;
+}
+
+using TileFn = Best (*)(const void*, float*, const void*, const float*, int64_t, int64_t, int64_t, float, uint64_t,
+                        uint64_t, uint32_t, uint32_t);
+
+#define DSPARK_TILE_CLONE(NAME, TU, TW)                                                                         \
+  __attribute__((target_clones("arch=x86-64-v3", "default"))) Best NAME(                                       \
+      const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1, float t, \
+      uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                                  \
+    return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t, s, o, \
+                             req, pos);                                                                      \
+  }
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DSPARK_TILE(NAME, TU, TW) DSPARK_TILE_CLONE(NAME, TU, TW)
+#else
+#define DSPARK_TILE(NAME, TU, TW)                                                                             \
+  Best NAME(const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1,    \
+            float t, uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                    \
+    return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t, s, o, \
+                             req, pos);                                                                      \
+  }
+#endif
+
+using bf16 = c10::BFloat16;
+using f16 = c10::Half;
+DSPARK_TILE(tile_f32_f32, float, float)
+DSPARK_TILE(tile_f32_bf16, float, bf16)
+DSPARK_TILE(tile_f32_f16, float, f16)
+DSPARK_TILE(tile_bf16_f32, bf16, float)
+DSPARK_TILE(tile_bf16_bf16, bf16, bf16)
+DSPARK_TILE(tile_bf16_f16, bf16, f16)
+DSPARK_TILE(tile_f16_f32, f16, float)
+DSPARK_TILE(tile_f16_bf16, f16, bf16)
+DSPARK_TILE(tile_f16_f16, f16, f16)
+
+TileFn pick_tile(at::ScalarType tu, at::ScalarType tw) {
+  const int a = tu == at::kFloat ? 0 : tu == at::kBFloat16 ? 1 : 2;
+  const int b = tw == at::kFloat ? 0 : tw == at::kBFloat16 ? 1 : 2;
+  static const TileFn table[3][3] = {{tile_f32_f32, tile_f32_bf16, tile_f32_f16},
+                                     {tile_bf16_f32, tile_bf16_bf16, tile_bf16_f16},
+                                     {tile_f16_f32, tile_f16_bf16, tile_f16_f16}};
+  return table[a][b];
+}
+
+// u: [R, g, V] (dtype tu; may alias z when it is the f32 z buffer itself), writes z [R, g, V] f32,
+// tokens [R, g] i64, prev_emb [R, g, r] f32.
+void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, const at::Tensor& w1,
+                  const at::Tensor& w2, const at::Tensor& temperature, int64_t seed, int64_t offset,
+                  const c10::optional<at::Tensor>& request_ids, at::Tensor& z, at::Tensor& tokens,
+                  at::Tensor& prev_emb) {
+  const int64_t R = z.size(0), G = z.size(1), V = z.size(2), rank = w1.size(1);
+  if (R == 0 || G == 0) return;
+  const auto a = anchor.contiguous();
+  const auto t = temperature.contiguous();
+  const auto w1c = w1.contiguous(), w2c = w2.contiguous();
+  const auto ids = request_ids.has_value() ? request_ids->contiguous() : at::Tensor();
+  const int64_t* ap = a.data_ptr<int64_t>();
+  const float* tp = t.data_ptr<float>();
+  float* zp = z.data_ptr<float>();
+  int64_t* xp = tokens.data_ptr<int64_t>();
+  float* ep = prev_emb.data_ptr<float>();
+  const TileFn tile = pick_tile(tu, w2c.scalar_type());
+  const size_t u_elem = c10::elementSize(tu);
+  const char* w2p = static_cast<const char*>(w2c.data_ptr());
+  const int64_t n_tiles = (V + kVocabTile - 1) / kVocabTile;
+  std::vector<Best> partial(static_cast<size_t>(n_tiles * R));
+  std::vector<uint32_t> req(R);
+  for (int64_t r = 0; r < R; ++r) req[r] = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
+  const at::Tensor w1f = w1c.to(at::kFloat);
+  const float* w1p = w1f.data_ptr<float>();
+  for (int64_t k = 0; k < G; ++k) {
+    for (int64_t r = 0; r < R; ++r) {  // e = W1[x_{k-1}]
+      const int64_t prev = k == 0 ? ap[r] : xp[r * G + k - 1];
+      std::copy(w1p + prev * rank, w1p + (prev + 1) * rank, ep + (r * G + k) * rank);
+    }
+    at::parallel_for(0, n_tiles, 1, [&](int64_t tb, int64_t te) {
+      for (int64_t ti = tb; ti < te; ++ti) {
+        const int64_t i0 = ti * kVocabTile, i1 = std::min(V, i0 + kVocabTile);
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t rk = r * G + k;
+          partial[ti * R + r] = tile(static_cast<const char*>(u) + rk * V * u_elem, zp + rk * V, w2p,
+                                     ep + rk * rank, rank, i0, i1, tp[r], static_cast<uint64_t>(seed),
+                                     static_cast<uint64_t>(offset), req[r], static_cast<uint32_t>(k));
+        }
+      }
+    });
+    for (int64_t r = 0; r < R; ++r) {
+      Best best{-INFINITY, -1};
+      for (int64_t ti = 0; ti < n_tiles; ++ti) {
+        const Best& b = partial[ti * R + r];
+        if (b.idx >= 0 && (best.idx < 0 || better(b.key, b.idx, best.key, best.idx))) best = b;
+      }
+      TORCH_CHECK(best.idx >= 0, "dspark::markov_sample: internal error: no token drawn for request ", r);
+      xp[r * G + k] = best.idx;
+    }
+  }
+}
+
+}  // namespace
+
+// base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32
+//   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32
+std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(const at::Tensor& base_logits,
+                                                                 const at::Tensor& anchor, const at::Tensor& w1,
+                                                                 const at::Tensor& w2,
+                                                                 const at::Tensor& temperature, int64_t seed,
+                                                                 int64_t offset,
+                                                                 const c10::optional<at::Tensor>& request_ids) {
+  check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
+  const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2), rank = w1.size(1);
+  check_markov_sample_values("markov_sample", base_logits, "base_logits", anchor, temperature, V, request_ids);
+  const auto u = base_logits.contiguous();
+  auto opts = u.options().dtype(at::kFloat);
+  auto z = at::empty({R, G, V}, opts);
+  auto tokens = at::empty({R, G}, opts.dtype(at::kLong));
+  auto prev_emb = at::empty({R, G, rank}, opts);
+  markov_steps(u.data_ptr(), u.scalar_type(), anchor, w1, w2, temperature, seed, offset, request_ids, z, tokens,
+               prev_emb);
+  return {tokens, z, prev_emb};
+}
+
+// hidden [R, g, H], lm_head [V, H] (same dtype), the rest as markov_sample. U = hidden @ lm_head^T is the
+// device GEMM in the input dtype (what nn.Linear computes); for float32 it is written straight into the z
+// output and corrected in place, so no separate U tensor exists.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_from_hidden_cpu(
+    const at::Tensor& hidden, const at::Tensor& lm_head, const at::Tensor& anchor, const at::Tensor& w1,
+    const at::Tensor& w2, const at::Tensor& temperature, int64_t seed, int64_t offset,
+    const c10::optional<at::Tensor>& request_ids) {
+  check_markov_from_hidden_args(hidden, lm_head, anchor, w1, w2, temperature, request_ids);
+  const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), V = lm_head.size(0),
+                rank = w1.size(1);
+  check_markov_sample_values("markov_sample_from_hidden", hidden, "hidden", anchor, temperature, V, request_ids);
+  auto opts = hidden.options().dtype(at::kFloat);
+  auto z = at::empty({R, G, V}, opts);
+  auto tokens = at::empty({R, G}, opts.dtype(at::kLong));
+  auto prev_emb = at::empty({R, G, rank}, opts);
+  if (R == 0 || G == 0) return {tokens, z, prev_emb};
+  const auto h2 = hidden.reshape({R * G, H});
+  if (hidden.scalar_type() == at::kFloat) {
+    auto z2 = z.view({R * G, V});
+    at::mm_out(z2, h2, lm_head.t());
+    markov_steps(z.data_ptr(), at::kFloat, anchor, w1, w2, temperature, seed, offset, request_ids, z, tokens,
+                 prev_emb);
+  } else {
+    const auto u = at::mm(h2, lm_head.t()).contiguous();
+    markov_steps(u.data_ptr(), u.scalar_type(), anchor, w1, w2, temperature, seed, offset, request_ids, z, tokens,
+                 prev_emb);
+  }
+  return {tokens, z, prev_emb};
+}
+
+}  // namespace dspark
+
+TORCH_LIBRARY_IMPL(dspark, CPU, m) {
+  m.impl("markov_sample", &dspark::markov_sample_cpu);
+  m.impl("markov_sample_from_hidden", &dspark::markov_sample_from_hidden_cpu);
+}

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA rejection_sample (kernel: include/dspark/kernels/rejection_sample.cuh). Value checks that read data
+// (verify_len range, qo_indptr consistency, temperatures, token ranges, NaN logits) are CPU-only: on CUDA they
+// would sync with the host; the kernel trusts them.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "checks/rejection_sample.h"
+#include "dspark/kernels/rejection_sample.cuh"
+
+namespace dspark {
+
+// target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32, draft_tokens [R, g] i64,
+// verify_len [R] i32, temperature [R] f32, optional processors (cuda)
+//   -> accepted [R] i32, out_tokens [R, g + 1] i64
+std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
+    const at::Tensor& target_logits, const at::Tensor& qo_indptr, const at::Tensor& draft_logits,
+    const at::Tensor& draft_tokens, const at::Tensor& verify_len, const at::Tensor& temperature, int64_t seed,
+    int64_t offset, const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
+    const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& repetition_penalty,
+    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr) {
+  check_rejection_sample_args(target_logits, qo_indptr, draft_logits, draft_tokens, verify_len, temperature,
+                              request_ids, top_k, top_p, repetition_penalty, penalty_tokens, penalty_indptr);
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  const int64_t R = draft_logits.size(0), G = draft_logits.size(1), V = draft_logits.size(2);
+  TORCH_CHECK_VALUE(R <= 0x7FFFFFFF, "dspark::rejection_sample: at most 2^31 - 1 requests on CUDA, got ", R);
+  auto accepted = at::zeros({R}, draft_tokens.options().dtype(at::kInt));
+  auto out = at::full({R, G + 1}, -1, draft_tokens.options());
+  if (R == 0 || V == 0) return {accepted, out};
+  const auto tl = target_logits.contiguous();
+  const auto zl = draft_logits.contiguous();
+  const auto dt = draft_tokens.contiguous();
+  const auto qo = qo_indptr.contiguous(), vl = verify_len.contiguous(), tt = temperature.contiguous();
+  auto opt = [](const c10::optional<at::Tensor>& t) { return t.has_value() ? t->contiguous() : at::Tensor(); };
+  const auto ids = opt(request_ids), tk = opt(top_k), tp = opt(top_p), pen = opt(repetition_penalty);
+  const auto ptok = opt(penalty_tokens), pptr = opt(penalty_indptr);
+  auto ws = at::empty({2, R, V}, zl.options());
+  kernels::RejectionParams p;
+  p.qo_indptr = qo.data_ptr<int32_t>();
+  p.draft_logits = zl.data_ptr<float>();
+  p.draft_tokens = dt.data_ptr<int64_t>();
+  p.verify_len = vl.data_ptr<int32_t>();
+  p.temperature = tt.data_ptr<float>();
+  p.request_ids = ids.defined() ? ids.data_ptr<int64_t>() : nullptr;
+  p.top_k = tk.defined() ? tk.data_ptr<int64_t>() : nullptr;
+  p.top_p = tp.defined() ? tp.data_ptr<float>() : nullptr;
+  p.penalty = pen.defined() ? pen.data_ptr<float>() : nullptr;
+  p.penalty_tokens = ptok.defined() ? ptok.data_ptr<int64_t>() : nullptr;
+  p.penalty_indptr = pptr.defined() ? pptr.data_ptr<int64_t>() : nullptr;
+  p.ws_y = ws[0].data_ptr<float>();
+  p.ws_w = ws[1].data_ptr<float>();
+  p.accepted = accepted.data_ptr<int32_t>();
+  p.out_tokens = out.data_ptr<int64_t>();
+  p.G = G;
+  p.V = V;
+  p.seed = static_cast<uint64_t>(seed);
+  p.offset = static_cast<uint64_t>(offset);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  cudaError_t status;
+  switch (tl.scalar_type()) {
+    case at::kFloat: status = kernels::RejectionSample<float>(tl.data_ptr<float>(), p, R, stream); break;
+    case at::kBFloat16:
+      status = kernels::RejectionSample<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, stream);
+      break;
+    default: status = kernels::RejectionSample<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, stream);
+  }
+  TORCH_CHECK(status == cudaSuccess, "dspark::rejection_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
+  return {accepted, out};
+}
+
+}  // namespace dspark
+
+TORCH_LIBRARY_IMPL(dspark, CUDA, m) { m.impl("rejection_sample", &dspark::rejection_sample_cuda); }

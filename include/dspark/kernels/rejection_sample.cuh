@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA rejection_sample: one block of kSumLanes threads per request, walking its verify rows in order and
+// stopping at the first rejection (later rows are never read). Per row the block builds the processed target
+// row y (penalty, / T) and p (top-k, top-p by threshold search, fixed-order normalisation) in a global
+// workspace, forms q = softmax(z / T) on the fly, and takes the accept / residual / bonus decision. Every sum,
+// exp, log and tie rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same tokens.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dspark/kernels/sampling_block.cuh"
+
+namespace dspark::kernels {
+
+struct RejectionParams {
+  const int32_t* qo_indptr;
+  const float* draft_logits;  // [R, G, V]
+  const int64_t* draft_tokens;
+  const int32_t* verify_len;
+  const float* temperature;
+  const int64_t* request_ids;     // nullable
+  const int64_t* top_k;           // nullable
+  const float* top_p;             // nullable
+  const float* penalty;           // nullable
+  const int64_t* penalty_tokens;  // nullable
+  const int64_t* penalty_indptr;  // nullable
+  float* ws_y;                    // [R, V]
+  float* ws_w;                    // [R, V]
+  int32_t* accepted;              // [R]
+  int64_t* out_tokens;            // [R, G + 1], pre-filled with -1
+  int64_t G, V;
+  uint64_t seed, offset;
+};
+
+// Smallest key in [lo, hi] with pred(key_to_float(key)) (monotone; the whole block agrees on every step).
+template <typename P>
+__device__ uint32_t BlockSearchKey(uint32_t lo, uint32_t hi, P pred) {
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (pred(key_to_float(mid))) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+template <typename W>
+__device__ int64_t BlockGumbelDraw(int64_t V, W wt, uint64_t seed, uint64_t offset, uint32_t request,
+                                   uint32_t position, BlockScratch& s) {
+  KeyIdx mine{-INFINITY, -1};
+  for (int64_t j = threadIdx.x; j < V; j += kSumLanes) {
+    const float x = wt(j);
+    if (!(x > 0.0f)) continue;
+    const float key = add_rn(log_positive(x), philox_gumbel(seed, offset, request, position, kPurposeResidual, j));
+    mine = BestOf(mine, KeyIdx{key, j});
+  }
+  return BlockBest(mine, s).idx;
+}
+
+template <typename TL>
+__global__ void __launch_bounds__(kSumLanes) RejectionSampleKernel(const TL* __restrict__ target, RejectionParams a) {
+  __shared__ BlockScratch s;
+  const int64_t r = blockIdx.x, V = a.V, G = a.G;
+  const int tid = threadIdx.x;
+  const float T = a.temperature[r];
+  const bool greedy = T == 0.0f;
+  const int64_t top_k = a.top_k ? a.top_k[r] : 0;
+  const float top_p = a.top_p ? a.top_p[r] : 1.0f;
+  const float pen = a.penalty ? a.penalty[r] : 1.0f;
+  const int64_t* ptok = a.penalty_tokens ? a.penalty_tokens + a.penalty_indptr[r] : nullptr;
+  const int64_t n_pen = a.penalty_tokens ? a.penalty_indptr[r + 1] - a.penalty_indptr[r] : 0;
+  const uint32_t req = static_cast<uint32_t>(a.request_ids ? a.request_ids[r] : r);
+  const int64_t n = a.verify_len[r];
+  const int64_t* drafts = a.draft_tokens + r * G;
+  int64_t* emit = a.out_tokens + r * (G + 1);
+  float* y = a.ws_y + r * V;
+  float* w = a.ws_w + r * V;
+  int32_t n_acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const TL* row = target + (static_cast<int64_t>(a.qo_indptr[r]) + i) * V;
+    const uint32_t pos = static_cast<uint32_t>(i);
+    for (int64_t j = tid; j < V; j += kSumLanes) y[j] = static_cast<float>(row[j]);
+    __syncthreads();
+    if (pen != 1.0f) {  // duplicates write the same value
+      for (int64_t j = tid; j < n_pen; j += kSumLanes) y[ptok[j]] = repetition_penalize(static_cast<float>(row[ptok[j]]), pen);
+      for (int64_t j = tid; j < i; j += kSumLanes) y[drafts[j]] = repetition_penalize(static_cast<float>(row[drafts[j]]), pen);
+    }
+    __syncthreads();
+    KeyIdx mine{-INFINITY, -1};
+    for (int64_t j = tid; j < V; j += kSumLanes) {
+      const float v = greedy ? y[j] : div_rn(y[j], T);
+      y[j] = v;
+      mine = BestOf(mine, KeyIdx{v, j});
+    }
+    const KeyIdx top = BlockBest(mine, s);  // also a barrier after the y writes
+    const int64_t arg = top.idx;
+    if (greedy) {
+      if (i == n - 1 || arg != drafts[i]) {
+        if (tid == 0) emit[i] = arg;
+        break;
+      }
+      if (tid == 0) emit[i] = arg;
+      ++n_acc;
+      continue;
+    }
+    const float m = top.key;
+    const uint32_t key_lo = ordered_key(-INFINITY), key_hi = ordered_key(m);
+    float thr = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+      thr = key_to_float(BlockSearchKey(key_lo, key_hi, [&](float v) {
+        int64_t c = 0;
+        for (int64_t j = tid; j < V; j += kSumLanes) c += y[j] > v;
+        return BlockCount(c, s) < top_k;
+      }));
+    }
+    float lane = 0.f;
+    for (int64_t j = tid; j < V; j += kSumLanes) {
+      const float e = y[j] >= thr ? exp_exact(add_rn(y[j], -m)) : 0.0f;
+      w[j] = e;
+      lane = add_rn(lane, e);
+    }
+    float total = BlockLaneSum(lane, s);
+    if (top_p < 1.0f) {
+      const float target_mass = mul_rn(top_p, total);
+      const float thr_p = key_to_float(BlockSearchKey(key_lo, key_hi, [&](float v) {
+        float l = 0.f;
+        for (int64_t j = tid; j < V; j += kSumLanes) l = add_rn(l, y[j] > v ? w[j] : 0.0f);
+        return BlockLaneSum(l, s) < target_mass;
+      }));
+      lane = 0.f;
+      for (int64_t j = tid; j < V; j += kSumLanes) {
+        const float e = y[j] >= thr_p ? w[j] : 0.0f;
+        w[j] = e;
+        lane = add_rn(lane, e);
+      }
+      total = BlockLaneSum(lane, s);
+    }
+    for (int64_t j = tid; j < V; j += kSumLanes) w[j] = div_rn(w[j], total);
+    __syncthreads();
+    if (i == n - 1) {  // bonus from p
+      const int64_t b = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
+      if (tid == 0) emit[i] = b;
+      break;
+    }
+    const int64_t x = drafts[i];
+    const float* z = a.draft_logits + (r * G + i) * V;
+    KeyIdx zm{-INFINITY, -1};
+    for (int64_t j = tid; j < V; j += kSumLanes) zm = BestOf(zm, KeyIdx{div_rn(z[j], T), j});
+    const float mq = BlockBest(zm, s).key;
+    lane = 0.f;
+    for (int64_t j = tid; j < V; j += kSumLanes) lane = add_rn(lane, exp_exact(add_rn(div_rn(z[j], T), -mq)));
+    const float sq = BlockLaneSum(lane, s);
+    auto q_at = [&](int64_t j) { return div_rn(exp_exact(add_rn(div_rn(z[j], T), -mq)), sq); };
+    const float u = philox_uniform(a.seed, a.offset, req, pos, kPurposeAccept, 0);
+    if (mul_rn(u, q_at(x)) < w[x]) {
+      if (tid == 0) emit[i] = x;
+      ++n_acc;
+      continue;
+    }
+    int64_t c = BlockGumbelDraw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, a.seed, a.offset, req, pos, s);
+    if (c < 0) c = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
+    if (tid == 0) emit[i] = c;
+    break;
+  }
+  if (tid == 0) a.accepted[r] = n_acc;
+}
+
+template <typename TL>
+cudaError_t RejectionSample(const TL* target, const RejectionParams& params, int64_t R, cudaStream_t stream) {
+  if (R <= 0) return cudaSuccess;
+  RejectionSampleKernel<TL><<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(target, params);
+  return cudaGetLastError();
+}
+
+}  // namespace dspark::kernels
