@@ -37,4 +37,12 @@ def cuda_kernels_available() -> bool:
     return bool(_C.build_info()["cuda"]) and torch.cuda.is_available()
 
 
-__all__ = ["DSparkDrafter", "Planner", "SpsTable", "build_info", "cuda_kernels_available", "ops", "__version__"]
+__all__ = [
+    "DSparkDrafter",
+    "Planner",
+    "SpsTable",
+    "build_info",
+    "cuda_kernels_available",
+    "ops",
+    "__version__",
+]
