@@ -264,3 +264,30 @@ def test_bf16_target_aliasing(tmp_path):
     out = d.draft([0], torch.tensor([1]), 1.0, seed=3, return_base_logits=True)
     assert out.hidden.dtype == torch.bfloat16 and out.draft_logits.dtype == torch.float32
     assert out.conf.dtype == torch.float32 and bool(((out.conf > 0) & (out.conf < 1)).all())
+
+
+def test_from_config_scaled_rope_target():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = dict(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=128,
+    )
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_parameters=rope,
+    )
+    d = DSparkDrafter.from_config(LlamaForCausalLM(cfg), markov_rank=4)
+    assert d.config.rope_theta == 500000.0
+    assert d.config.to_dict()["rope_parameters"] == {"rope_theta": 500000.0, "rope_type": "default"}
+    with pytest.raises(ValueError, match="rope_type"):
+        DrafterConfig.from_dict({**d.config.to_dict(), "rope_parameters": rope})

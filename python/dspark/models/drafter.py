@@ -257,7 +257,8 @@ class DSparkDrafter(nn.Module):
         The config is a copy of the target's text config plus the DSpark fields (as DeepSpec writes it). Layer
         shapes default to the target's; ``target_layer_ids`` defaults to DeepSpec's spread of 5 taps;
         ``mask_token_id`` defaults to the last vocabulary id; ``markov_rank=0`` gives a DFlash drafter (no Markov
-        and, by default, no confidence head). Weights use HF's default init (normal, ``initializer_range``).
+        and, by default, no confidence head). RoPE is the default kind at the target's ``rope_theta`` (a target's
+        RoPE scaling is not copied). Weights use HF's default init (normal, ``initializer_range``).
         With ``share_embeddings`` the target's embedding and LM head are aliased (frozen in training by the
         caller); otherwise they are copied.
         """
@@ -291,6 +292,12 @@ class DSparkDrafter(nn.Module):
             hidden_act="silu",
         )
         raw.pop("layer_types", None)
+        # A fresh drafter uses default RoPE at the target's base frequency (scaled variants are not implemented).
+        rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        raw.pop("rope_scaling", None)
+        raw.pop("rope_theta", None)
+        raw["rope_parameters"] = {"rope_theta": float(theta), "rope_type": "default"}
         cfg = DrafterConfig.from_dict(raw)
         validate_pairing(cfg, target)
         t_embed = target.get_input_embeddings().weight
