@@ -97,8 +97,9 @@ def check_same_weights(name: str, stored: Tensor, target_weight: Tensor) -> None
     if tuple(stored.shape) != tuple(target_weight.shape):
         raise ValueError(f"{name}: stored shape {list(stored.shape)} != target's {list(target_weight.shape)}")
     coarse = stored.dtype if stored.element_size() <= target_weight.element_size() else target_weight.dtype
-    a = stored.detach().to(device="cpu", dtype=coarse)
-    b = target_weight.detach().to(device="cpu", dtype=coarse)
+    dev = target_weight.device  # compare where the target lives (no host copy of a large table)
+    a = stored.detach().to(device=dev, dtype=coarse)
+    b = target_weight.detach().to(dtype=coarse)
     if not torch.equal(a, b):
         diff = (a.float() - b.float()).abs().max().item()
         raise ValueError(
