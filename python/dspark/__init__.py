@@ -38,4 +38,15 @@ def cuda_kernels_available() -> bool:
     return bool(_C.build_info()["cuda"]) and torch.cuda.is_available()
 
 
-__all__ = ["DSparkDecoder", "DSparkDrafter", "GenerateOutput", "Planner", "StreamEvent", "SpsTable", "build_info", "cuda_kernels_available", "ops", "__version__"]
+__all__ = [
+    "DSparkDecoder",
+    "DSparkDrafter",
+    "GenerateOutput",
+    "Planner",
+    "SpsTable",
+    "StreamEvent",
+    "build_info",
+    "cuda_kernels_available",
+    "ops",
+    "__version__",
+]

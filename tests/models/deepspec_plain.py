@@ -75,7 +75,12 @@ def plain_draft(w, cfg, features, first_pos, anchor, temperature=0.0, seed=0, of
         for row, pos in zip(key_rows, key_pos, strict=True):
             kf = torch.mv(w[a + "k_proj.weight"], row)
             vf = torch.mv(w[a + "v_proj.weight"], row)
-            keys.append([_rope(_rmsnorm(kf[j * D : (j + 1) * D], w[a + "k_norm.weight"], eps), pos, theta) for j in range(nkv)])
+            keys.append(
+                [
+                    _rope(_rmsnorm(kf[j * D : (j + 1) * D], w[a + "k_norm.weight"], eps), pos, theta)
+                    for j in range(nkv)
+                ]
+            )
             vals.append([vf[j * D : (j + 1) * D] for j in range(nkv)])
         new_x = []
         for s in range(g):
@@ -117,11 +122,17 @@ def plain_draft(w, cfg, features, first_pos, anchor, temperature=0.0, seed=0, of
             if htype == "vanilla":
                 z = z + torch.mv(w["markov_head.markov_w2.weight"], e)
             elif htype == "gated":
-                pre = torch.mv(w["markov_head.gate_proj.weight"], torch.cat([hidden[k], e])) + w["markov_head.gate_proj.bias"]
+                pre = (
+                    torch.mv(w["markov_head.gate_proj.weight"], torch.cat([hidden[k], e]))
+                    + w["markov_head.gate_proj.bias"]
+                )
                 gt = 1.0 / (1.0 + torch.exp(-pre))
                 z = z + torch.mv(w["markov_head.markov_w2.weight"], gt * e)
             else:
-                out = torch.mv(w["markov_head.joint_proj.weight"], torch.cat([state, e, hidden[k]])) + w["markov_head.joint_proj.bias"]
+                out = (
+                    torch.mv(w["markov_head.joint_proj.weight"], torch.cat([state, e, hidden[k]]))
+                    + w["markov_head.joint_proj.bias"]
+                )
                 ga, ca, oa = out[:rank], out[rank : 2 * rank], out[2 * rank :]
                 sg = 1.0 / (1.0 + torch.exp(-ga))
                 state = sg * state + (1 - sg) * torch.tanh(ca)

@@ -33,7 +33,9 @@ def test_batched_equals_alone(tmp_path, head_type):
         ob = batch.draft(ids, anchors, temp, seed=5, offset=rnd, return_base_logits=True)
         for j, rid in enumerate(ids):
             alone.append_context([rid], [feats[j]])
-            oa = alone.draft([rid], anchors[j : j + 1], temp[j : j + 1], seed=5, offset=rnd, return_base_logits=True)
+            oa = alone.draft(
+                [rid], anchors[j : j + 1], temp[j : j + 1], seed=5, offset=rnd, return_base_logits=True
+            )
             assert torch.equal(ob.tokens[j], oa.tokens[0])
             for name in ("hidden", "base_logits", "draft_logits", "prev_emb", "conf_logit", "survival"):
                 torch.testing.assert_close(getattr(ob, name)[j], getattr(oa, name)[0], **TOL)

@@ -36,9 +36,19 @@ def test_save_load_round_trip(tmp_path, head_type, rank):
     for k in w:
         assert torch.equal(saved[k], w[k]), k
     new_cfg = json.loads((tmp_path / "b" / "config.json").read_text())
-    for key in ("block_size", "target_layer_ids", "mask_token_id", "markov_rank", "enable_confidence_head",
-                "confidence_head_with_markov", "num_hidden_layers", "num_target_layers", "architectures",
-                "max_window_layers", "num_anchors"):
+    for key in (
+        "block_size",
+        "target_layer_ids",
+        "mask_token_id",
+        "markov_rank",
+        "enable_confidence_head",
+        "confidence_head_with_markov",
+        "num_hidden_layers",
+        "num_target_layers",
+        "architectures",
+        "max_window_layers",
+        "num_anchors",
+    ):
         assert new_cfg[key] == cfg[key], key
     assert new_cfg["rope_parameters"]["rope_theta"] == 10000.0
     assert ("markov_head_type" in new_cfg) == (rank > 0)
@@ -72,7 +82,10 @@ def test_sharded_index(tmp_path):
     root.mkdir()
     names = sorted(w)
     half = len(names) // 2
-    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
     for f, ns in shards.items():
         save_file({n: w[n] for n in ns}, str(root / f))
     (root / "model.safetensors.index.json").write_text(
@@ -89,9 +102,15 @@ def test_sharded_index(tmp_path):
         (lambda t: t.pop("layers.1.self_attn.k_norm.weight"), "layers.1.self_attn.k_norm.weight"),
         (lambda t: t.pop("markov_head.markov_w2.weight"), "markov_head.markov_w2.weight"),
         (lambda t: t.pop("confidence_head.proj.bias"), "confidence_head.proj.bias"),
-        (lambda t: t.__setitem__("layers.2.mlp.up_proj.weight", torch.zeros(48, 32)), "layers.2.mlp.up_proj.weight"),
+        (
+            lambda t: t.__setitem__("layers.2.mlp.up_proj.weight", torch.zeros(48, 32)),
+            "layers.2.mlp.up_proj.weight",
+        ),
         (lambda t: t.__setitem__("fc.weight", torch.zeros(32, 64)), "fc.weight"),
-        (lambda t: t.__setitem__("markov_head.markov_w1.weight", torch.zeros(64, 5)), "markov_head.markov_w1.weight"),
+        (
+            lambda t: t.__setitem__("markov_head.markov_w1.weight", torch.zeros(64, 5)),
+            "markov_head.markov_w1.weight",
+        ),
         (lambda t: t.__setitem__("lm_head.weight", torch.zeros(63, 32)), "lm_head.weight"),
     ],
 )
@@ -196,3 +215,79 @@ def test_from_config_llama_target_round_trip(tmp_path):
     assert dfl.markov_head is None and dfl.confidence_head is None
     assert torch.equal(dfl.embed_tokens.weight, target.get_input_embeddings().weight)
     assert DrafterConfig.from_dict(dfl.config.to_dict()).markov_rank == 0
+
+
+class _Tok:
+    """A duck-typed tokenizer (len + get_vocab)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(self.n)}
+
+
+def test_tokenizer_checks(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    target = tiny_qwen3_target()
+    cfg = tiny_config("vanilla", 6)
+    random_checkpoint(tmp_path / "a", cfg, with_embeddings=False)
+    with pytest.raises(ValueError, match="tokenizer"):
+        DSparkDrafter.from_pretrained(tmp_path / "a", target=target, tokenizer=_Tok(65))
+    DSparkDrafter.from_pretrained(tmp_path / "a", target=target, tokenizer=_Tok(60))
+    # a checkpoint that ships a tokenizer must ship the target's
+    vocab = {f"w{i}": i for i in range(60)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0"))).save_pretrained(
+        tmp_path / "a"
+    )
+    other = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel({**vocab, "w59": 58, "x": 59}, unk_token="w0"))
+    )
+    same = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0")))
+    DSparkDrafter.from_pretrained(tmp_path / "a", target=target, tokenizer=same)
+    with pytest.raises(ValueError, match="tokenizer"):
+        DSparkDrafter.from_pretrained(tmp_path / "a", target=target, tokenizer=other)
+
+
+def test_bf16_target_aliasing(tmp_path):
+    target = tiny_qwen3_target(dtype=torch.bfloat16)
+    random_checkpoint(tmp_path / "a", tiny_config("gated", 6), with_embeddings=False)
+    d = DSparkDrafter.from_pretrained(tmp_path / "a", target=target)
+    assert d.dtype == torch.bfloat16 and d.confidence_head.proj.weight.dtype == torch.float32
+    d.append_context([0], [torch.randn(5, 96)])
+    out = d.draft([0], torch.tensor([1]), 1.0, seed=3, return_base_logits=True)
+    assert out.hidden.dtype == torch.bfloat16 and out.draft_logits.dtype == torch.float32
+    assert out.conf.dtype == torch.float32 and bool(((out.conf > 0) & (out.conf < 1)).all())
+
+
+def test_from_config_scaled_rope_target():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = dict(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=128,
+    )
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_parameters=rope,
+    )
+    d = DSparkDrafter.from_config(LlamaForCausalLM(cfg), markov_rank=4)
+    assert d.config.rope_theta == 500000.0
+    assert d.config.to_dict()["rope_parameters"] == {"rope_theta": 500000.0, "rope_type": "default"}
+    with pytest.raises(ValueError, match="rope_type"):
+        DrafterConfig.from_dict({**d.config.to_dict(), "rope_parameters": rope})

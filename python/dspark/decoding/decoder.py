@@ -153,6 +153,11 @@ class DSparkDecoder:
         self.sts = _load_sts(sts, max(gamma, 1))
         self.adapter = TargetAdapter(target, page_size=page_size, max_pages=max_kv_pages)
         self.taps = list(drafter.config.target_layer_ids)
+        if any(t < 0 for t in self.taps):
+            raise NotImplementedError(
+                "target_layer_ids: tapping the embeddings (-1) is not supported by the decoder yet; "
+                f"got {self.taps}"
+            )
         self.stats = DSparkStats(gamma=gamma)
         self._next_rid = 0
         self._offset = 0
@@ -352,7 +357,7 @@ class DSparkDecoder:
         self.drafter.finish(r.rid)
 
     def _features(self, out, rows: Tensor) -> Tensor:
-        return torch.cat([out.hidden[l][rows] for l in self.taps], -1)
+        return torch.cat([out.hidden[layer][rows] for layer in self.taps], -1)
 
     def _sample_params(self, rs: list[_Request], cfg: dict, dev) -> dict:
         R = len(rs)
@@ -401,7 +406,7 @@ class DSparkDecoder:
             toks = r.prompt + r.generated[:-1]
             batch.append((r.rid, toks, "last"))
         t0 = time.perf_counter()
-        out = self.adapter.forward(batch, layers=self._hf_layers())
+        out = self.adapter.forward(batch, layers=self.taps)
         stats.add_time("verify", time.perf_counter() - t0)
         for i, r in enumerate(rs):
             rows = torch.arange(out.qo_indptr[i], out.qo_indptr[i + 1])
@@ -421,9 +426,6 @@ class DSparkDecoder:
         for r in rs:
             if r.generated and not r.stop.finished:
                 r.anchor = r.generated[-1]
-
-    def _hf_layers(self) -> list[int]:
-        return [l for l in self.taps]
 
     def _commit(self, r: _Request, tokens: list[int]) -> list[int]:
         kept = r.stop.commit(tokens)
@@ -467,7 +469,7 @@ class DSparkDecoder:
         batch = []
         for i, r in enumerate(rs):
             batch.append((r.rid, [r.anchor] + drafts[i, : lens[i] - 1].tolist(), "all"))
-        out = self.adapter.forward(batch, layers=self._hf_layers())
+        out = self.adapter.forward(batch, layers=self.taps)
         t1 = time.perf_counter()
         stats.add_time("verify", t1 - t0)
         accepted, out_tokens = self._accept(out.logits, out.qo_indptr, q, drafts, verify_len, rs, cfg, seed)

@@ -81,7 +81,9 @@ def check_tensors(cfg: DrafterConfig, tensors: dict[str, Tensor], where: str = "
         if got != shape:
             raise ValueError(f"{where}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
         if not tensors[name].is_floating_point():
-            raise ValueError(f"{where}: tensor {name!r} has dtype {tensors[name].dtype}, expected a float dtype")
+            raise ValueError(
+                f"{where}: tensor {name!r} has dtype {tensors[name].dtype}, expected a float dtype"
+            )
     for name in tensors:
         if name not in expected:
             raise ValueError(

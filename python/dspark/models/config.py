@@ -93,12 +93,16 @@ class DrafterConfig:
         rope = d.get("rope_parameters") or {}
         if isinstance(rope, dict) and "full_attention" in rope and isinstance(rope["full_attention"], dict):
             rope = rope["full_attention"]
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        rope_type = (
+            rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        )
         scaling = d.get("rope_scaling")
         if isinstance(scaling, dict):
             rope_type = scaling.get("rope_type", scaling.get("type", rope_type))
         if rope_type not in ("default", None):
-            raise ValueError(f"drafter config: rope_parameters.rope_type {rope_type!r} is not supported (only 'default')")
+            raise ValueError(
+                f"drafter config: rope_parameters.rope_type {rope_type!r} is not supported (only 'default')"
+            )
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
         if theta is None:
             theta = d.get("rope_theta", 10000.0)
@@ -106,7 +110,9 @@ class DrafterConfig:
         if act != "silu":
             raise ValueError(f"drafter config: hidden_act {act!r} is not supported (only 'silu')")
         if d.get("attention_bias"):
-            raise ValueError("drafter config: attention_bias=true is not supported (DeepSpec drafters have none)")
+            raise ValueError(
+                "drafter config: attention_bias=true is not supported (DeepSpec drafters have none)"
+            )
         rank = int(d.get("markov_rank") or 0)
         cfg = cls(
             hidden_size=hidden,
@@ -140,7 +146,13 @@ class DrafterConfig:
             raise ValueError(
                 f"drafter config: mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})"
             )
-        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"drafter config: {name} must be >= 1, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -215,7 +227,12 @@ class DrafterConfig:
     def tensor_shapes(self, *, with_embeddings: bool = True) -> dict[str, tuple[int, ...]]:
         """Every tensor name of DeepSpec's layout and its shape (``embed_tokens``/``lm_head`` optionally)."""
         H, V, D = self.hidden_size, self.vocab_size, self.head_dim
-        q, kv, inter, r = self.num_attention_heads * D, self.num_key_value_heads * D, self.intermediate_size, self.markov_rank
+        q, kv, inter, r = (
+            self.num_attention_heads * D,
+            self.num_key_value_heads * D,
+            self.intermediate_size,
+            self.markov_rank,
+        )
         s: dict[str, tuple[int, ...]] = {}
         if with_embeddings:
             s["embed_tokens.weight"] = (V, H)

@@ -72,7 +72,14 @@ class DSparkDrafter(nn.Module):
         if own_embed:
             self.embed_tokens = nn.Embedding(V, H)
         self.layers = nn.ModuleList(
-            DraftLayer(H, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
+            DraftLayer(
+                H,
+                c.intermediate_size,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+                c.rms_norm_eps,
+            )
             for _ in range(c.num_hidden_layers)
         )
         self.norm = RMSNorm(H, c.rms_norm_eps)
@@ -81,7 +88,9 @@ class DSparkDrafter(nn.Module):
         if own_lm_head:
             self.lm_head = nn.Linear(H, V, bias=False)
         self.markov_head = MARKOV_HEADS[c.markov_head_type](V, H, c.markov_rank) if c.has_markov else None
-        self.confidence_head = ConfidenceHead(H, c.confidence_input_rank) if c.enable_confidence_head else None
+        self.confidence_head = (
+            ConfidenceHead(H, c.confidence_input_rank) if c.enable_confidence_head else None
+        )
         self.rotary_emb = Rotary(c.head_dim, c.rope_theta)
         self._shared: dict[str, nn.Module] = {}  # target modules aliased (not registered: not in state_dict)
         self._contexts: dict[int, RequestContext] = {}
@@ -104,7 +113,9 @@ class DSparkDrafter(nn.Module):
         m = self._modules.get("embed_tokens")
         m = self._shared.get("embed_tokens") if m is None else m
         if m is None:
-            raise ValueError("embed_tokens: the drafter has no embedding (load it with a target to share the target's)")
+            raise ValueError(
+                "embed_tokens: the drafter has no embedding (load it with a target to share the target's)"
+            )
         return m.weight
 
     @property
@@ -112,7 +123,9 @@ class DSparkDrafter(nn.Module):
         m = self._modules.get("lm_head")
         m = self._shared.get("lm_head") if m is None else m
         if m is None:
-            raise ValueError("lm_head: the drafter has no LM head (load it with a target to share the target's)")
+            raise ValueError(
+                "lm_head: the drafter has no LM head (load it with a target to share the target's)"
+            )
         return m.weight
 
     @property
@@ -176,17 +189,23 @@ class DSparkDrafter(nn.Module):
         dtype = dtype_from_name(dtype) if dtype is not None else None
         if dtype is None:
             dtype = t_embed.dtype if t_embed is not None else (cfg.dtype or ckpt.storage_dtype(tensors))
-        device = torch.device(device) if device is not None else (t_embed.device if t_embed is not None else None)
+        device = (
+            torch.device(device) if device is not None else (t_embed.device if t_embed is not None else None)
+        )
         device = device or torch.device("cpu")
 
         share = {}
         for name, t_w in (("embed_tokens", t_embed), ("lm_head", t_head)):
             stored = tensors.get(name + ".weight")
             if share_target_embeddings is False and stored is None:
-                raise ValueError(f"{name}.weight: missing from the checkpoint and share_target_embeddings=False")
+                raise ValueError(
+                    f"{name}.weight: missing from the checkpoint and share_target_embeddings=False"
+                )
             if stored is None or share_target_embeddings:
                 if target is None:
-                    raise ValueError(f"{name}.weight: missing from the checkpoint; pass target= to share the target's")
+                    raise ValueError(
+                        f"{name}.weight: missing from the checkpoint; pass target= to share the target's"
+                    )
                 if t_w is None:
                     raise ValueError(f"{name}: the target has none to share")
                 share[name] = True
@@ -238,7 +257,8 @@ class DSparkDrafter(nn.Module):
         The config is a copy of the target's text config plus the DSpark fields (as DeepSpec writes it). Layer
         shapes default to the target's; ``target_layer_ids`` defaults to DeepSpec's spread of 5 taps;
         ``mask_token_id`` defaults to the last vocabulary id; ``markov_rank=0`` gives a DFlash drafter (no Markov
-        and, by default, no confidence head). Weights use HF's default init (normal, ``initializer_range``).
+        and, by default, no confidence head). RoPE is the default kind at the target's ``rope_theta`` (a target's
+        RoPE scaling is not copied). Weights use HF's default init (normal, ``initializer_range``).
         With ``share_embeddings`` the target's embedding and LM head are aliased (frozen in training by the
         caller); otherwise they are copied.
         """
@@ -259,22 +279,36 @@ class DSparkDrafter(nn.Module):
             num_target_layers=L,
             block_size=block_size,
             mask_token_id=int(tc.vocab_size) - 1 if mask_token_id is None else mask_token_id,
-            target_layer_ids=list(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(L),
+            target_layer_ids=list(target_layer_ids)
+            if target_layer_ids is not None
+            else default_target_layer_ids(L),
             markov_rank=markov_rank,
             markov_head_type=markov_head_type,
-            enable_confidence_head=(markov_rank > 0) if enable_confidence_head is None else enable_confidence_head,
+            enable_confidence_head=(markov_rank > 0)
+            if enable_confidence_head is None
+            else enable_confidence_head,
             confidence_head_with_markov=confidence_head_with_markov,
             attention_bias=False,
             hidden_act="silu",
         )
         raw.pop("layer_types", None)
+        # A fresh drafter uses default RoPE at the target's base frequency (scaled variants are not implemented).
+        rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        raw.pop("rope_scaling", None)
+        raw.pop("rope_theta", None)
+        raw["rope_parameters"] = {"rope_theta": float(theta), "rope_type": "default"}
         cfg = DrafterConfig.from_dict(raw)
         validate_pairing(cfg, target)
         t_embed = target.get_input_embeddings().weight
         dtype = dtype or t_embed.dtype
         cfg.dtype = dtype
         model = cls(cfg, own_embed=not share_embeddings, own_lm_head=not share_embeddings)
-        std = initializer_range if initializer_range is not None else float(getattr(tc, "initializer_range", 0.02))
+        std = (
+            initializer_range
+            if initializer_range is not None
+            else float(getattr(tc, "initializer_range", 0.02))
+        )
         for m in model.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, 0.0, std)
@@ -509,7 +543,9 @@ class DSparkDrafter(nn.Module):
             starts = [int(s) for s in start_positions]
             for j, (s, ctx) in enumerate(zip(starts, ctxs, strict=True)):
                 if ctx is not None and s < ctx.next_position:
-                    raise ValueError(f"start_positions[{j}]: {s} overlaps the context (ends at {ctx.next_position})")
+                    raise ValueError(
+                        f"start_positions[{j}]: {s} overlaps the context (ends at {ctx.next_position})"
+                    )
         for ctx in ctxs:
             if ctx is not None:
                 ctx.reserve(ctx.length + self.config.block_size)

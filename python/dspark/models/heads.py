@@ -43,8 +43,18 @@ def gumbel_noise(seed: int, offset: int, request_ids: Tensor, gamma: int, vocab:
     dev = request_ids.device
     R = request_ids.shape[0]
     req = request_ids.to(torch.int64).view(R, 1, 1).expand(R, gamma, vocab).reshape(-1)
-    pos = torch.arange(gamma, device=dev, dtype=torch.int64).view(1, gamma, 1).expand(R, gamma, vocab).reshape(-1)
-    idx = torch.arange(vocab, device=dev, dtype=torch.int64).view(1, 1, vocab).expand(R, gamma, vocab).reshape(-1)
+    pos = (
+        torch.arange(gamma, device=dev, dtype=torch.int64)
+        .view(1, gamma, 1)
+        .expand(R, gamma, vocab)
+        .reshape(-1)
+    )
+    idx = (
+        torch.arange(vocab, device=dev, dtype=torch.int64)
+        .view(1, 1, vocab)
+        .expand(R, gamma, vocab)
+        .reshape(-1)
+    )
     _, g = dspark.ops.philox_draw(int(seed), int(offset), req, pos, PURPOSE_DRAFT_SAMPLE, idx)
     return g.view(R, gamma, vocab)
 
@@ -196,10 +206,19 @@ class VanillaMarkovHead(MarkovHead):
     def forward(self, base_logits: Tensor, prev_tokens: Tensor, hidden: Tensor | None = None) -> Tensor:
         return base_logits.float() + self.markov_w2(self.markov_w1(prev_tokens)).float()
 
-    def sample(self, base_logits, anchor, temperature, seed, offset, hidden=None, request_ids=None) -> MarkovSample:
+    def sample(
+        self, base_logits, anchor, temperature, seed, offset, hidden=None, request_ids=None
+    ) -> MarkovSample:
         # Swap point for the fused ``dspark.ops.markov_sample`` op (same contract).
         return markov_sample_torch(
-            base_logits, anchor, self.markov_w1.weight, self.markov_w2.weight, temperature, seed, offset, request_ids
+            base_logits,
+            anchor,
+            self.markov_w1.weight,
+            self.markov_w2.weight,
+            temperature,
+            seed,
+            offset,
+            request_ids,
         )
 
 

@@ -63,7 +63,9 @@ def validate_pairing(
         raise ValueError(f"hidden_size: drafter has {cfg.hidden_size}, target has {tc.hidden_size}")
     L = int(tc.num_hidden_layers)
     if cfg.num_target_layers is not None and cfg.num_target_layers != L:
-        raise ValueError(f"num_target_layers: drafter was trained for {cfg.num_target_layers}, target has {L} layers")
+        raise ValueError(
+            f"num_target_layers: drafter was trained for {cfg.num_target_layers}, target has {L} layers"
+        )
     bad = [i for i in cfg.target_layer_ids if not -1 <= i <= L - 2]
     if bad:
         raise ValueError(
@@ -71,13 +73,17 @@ def validate_pairing(
             f"because HF returns it normed)"
         )
     if not 0 <= cfg.mask_token_id < t_vocab:
-        raise ValueError(f"mask_token_id: {cfg.mask_token_id} is outside the target vocabulary [0, {t_vocab})")
+        raise ValueError(
+            f"mask_token_id: {cfg.mask_token_id} is outside the target vocabulary [0, {t_vocab})"
+        )
     if cfg.block_size < 1:
         raise ValueError(f"block_size: must be >= 1, got {cfg.block_size}")
     if tokenizer is not None:
         n = len(tokenizer)
         if n > cfg.vocab_size:
-            raise ValueError(f"tokenizer: the target tokenizer has {n} tokens, more than vocab_size {cfg.vocab_size}")
+            raise ValueError(
+                f"tokenizer: the target tokenizer has {n} tokens, more than vocab_size {cfg.vocab_size}"
+            )
         if drafter_dir is not None and any((Path(drafter_dir) / f).is_file() for f in _TOKENIZER_FILES):
             from transformers import AutoTokenizer
 
@@ -91,8 +97,9 @@ def check_same_weights(name: str, stored: Tensor, target_weight: Tensor) -> None
     if tuple(stored.shape) != tuple(target_weight.shape):
         raise ValueError(f"{name}: stored shape {list(stored.shape)} != target's {list(target_weight.shape)}")
     coarse = stored.dtype if stored.element_size() <= target_weight.element_size() else target_weight.dtype
-    a = stored.detach().to(device="cpu", dtype=coarse)
-    b = target_weight.detach().to(device="cpu", dtype=coarse)
+    dev = target_weight.device  # compare where the target lives (no host copy of a large table)
+    a = stored.detach().to(device=dev, dtype=coarse)
+    b = target_weight.detach().to(dtype=coarse)
     if not torch.equal(a, b):
         diff = (a.float() - b.float()).abs().max().item()
         raise ValueError(

@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sampled generation has the target's distribution: a Markov-chain target with known transitions.
+
+The first three generated tokens of many independent requests (one generate call, different request ids,
+so independent Philox streams) are compared with the exact joint distribution of plain decoding — softmax
+of the processed transition logits (temperature, top-k, top-p as Hugging Face applies them) — by a chi-square
+test and the total variation distance. The anticipating planner of the paper's Appendix A fails the same test.
+"""
+
+import itertools
+import math
+
+import pytest
+import torch
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from dspark import DSparkDecoder, Planner, SpsTable
+from dspark.decoding.planner import PlanResult
+from dspark.reference import plan_verify_anticipating_ref
+from tests.decoding.toy_models import markov_chain_target, markov_drafter
+
+V, START = 5, 2
+SPS = SpsTable((1, 2, 3, 4, 8), (1.0, 0.5, 0.45, 0.4, 0.2), 64)
+
+
+def chain_table(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(V, V, generator=g) * 1.5
+
+
+def processed_probs(table, temperature, top_k, top_p):
+    x = table.clone().float()
+    ids = torch.zeros(V, 1, dtype=torch.long)
+    for w in [TemperatureLogitsWarper(temperature)]:
+        x = w(ids, x)
+    if top_k:
+        x = TopKLogitsWarper(top_k)(ids, x)
+    if top_p < 1.0:
+        x = TopPLogitsWarper(top_p)(ids, x)
+    return torch.softmax(x, -1).double()
+
+
+def exact_joint(P):
+    return {
+        (a, b, c): float(P[START, a] * P[a, b] * P[b, c]) for a, b, c in itertools.product(range(V), repeat=3)
+    }
+
+
+def chi_square_p(counts, probs, n):
+    keep = [k for k in probs if probs[k] * n >= 5]
+    stat = sum((counts.get(k, 0) - n * probs[k]) ** 2 / (n * probs[k]) for k in keep)
+    rest_p = 1 - sum(probs[k] for k in keep)
+    rest_c = n - sum(counts.get(k, 0) for k in keep)
+    dof = len(keep) - 1
+    if rest_p * n >= 5:
+        stat += (rest_c - n * rest_p) ** 2 / (n * rest_p)
+        dof += 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
+
+
+def run(planner, temperature, top_k=0, top_p=1.0, n=100_000, seed=0):
+    table = chain_table()
+    target = markov_chain_target(table)
+    drafter = markov_drafter(target, table, noise=1.0, block_size=3)
+    dec = DSparkDecoder(target, drafter, planner=planner, sps_table=SPS, max_batch_size=n)
+    try:
+        out = dec.generate(
+            [[START]] * n, max_new_tokens=3, temperature=temperature, top_k=top_k or None, top_p=top_p,
+            eos_token_id=[], seed=seed,
+        )
+    finally:
+        dec.close()
+    counts = {}
+    for s in out.sequences:
+        counts[tuple(s)] = counts.get(tuple(s), 0) + 1
+    probs = exact_joint(processed_probs(table, temperature, top_k, top_p))
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
+    tv += 0.5 * sum(c / n for k, c in counts.items() if k not in probs)
+    return chi_square_p(counts, probs, n), tv, out.stats
+
+
+CASES = [
+    (mode, t, k, p)
+    for mode in ("full", "threshold", "early_stop", "lagged_topk")
+    for (t, k, p) in ((0.7, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.8))
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,temperature,top_k,top_p", CASES)
+def test_first_three_tokens_follow_the_target(mode, temperature, top_k, top_p):
+    planner = Planner(mode, SPS, threshold=0.5)
+    pval, tv, stats = run(planner, temperature, top_k, top_p)
+    assert pval > 1e-3 and tv < 0.01, (pval, tv)
+    assert 0 < stats.rejected_drafts < stats.verified_drafts  # drafts are both accepted and rejected
+
+
+class AnticipatingPlanner(Planner):
+    """Global argmax of Theta over this round's own survival, no early stop: NOT exact (paper, Appendix A)."""
+
+    def plan(self, survival, request_ids=None):
+        tokens, rate = self._sps(survival.device)
+        vl = torch.cat([plan_verify_anticipating_ref(row[None], tokens, rate) for row in survival])
+        return PlanResult(vl, torch.tensor(int((vl - 1).sum())), "anticipating")
+
+
+@pytest.mark.slow
+def test_the_anticipating_planner_fails_the_same_test():
+    pval, tv, _ = run(AnticipatingPlanner("early_stop", SPS), 1.0, n=40_000)
+    assert pval < 1e-6, (pval, tv)
+
+
+def test_chi_square_helper_is_calibrated():
+    probs = {(i,): 0.25 for i in range(4)}
+    assert chi_square_p({(0,): 250, (1,): 250, (2,): 250, (3,): 250}, probs, 1000) > 0.99
+    assert chi_square_p({(0,): 400, (1,): 200, (2,): 200, (3,): 200}, probs, 1000) < 1e-6
+    assert math.isclose(sum(exact_joint(processed_probs(chain_table(), 1.0, 0, 1.0)).values()), 1.0)
