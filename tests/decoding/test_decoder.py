@@ -29,9 +29,12 @@ def hf_greedy(model, prompt, n, eos=None):
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("batch", [1, 4, 8])
-@pytest.mark.parametrize("mode", MODES)
+GREEDY_CASES = [("llama", b, m) for b in (1, 4, 8) for m in MODES] + [
+    ("qwen3", b, m) for b in (1, 8) for m in MODES
+]
+
+
+@pytest.mark.parametrize("family,batch,mode", GREEDY_CASES)
 def test_greedy_equals_target_greedy(family, batch, mode):
     target = tiny_target(family, seed=batch)
     drafter = random_drafter(target)
@@ -62,8 +65,13 @@ def test_plain_decoding_through_the_same_engine():
 
 
 def _chain(V=6, seed=0):
+    """Transition logits whose greedy walk from token 4 visits every token once (a cycle 4 -> 0 -> 1 -> ...)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(V, V, generator=g) * 2.0
+    table = torch.randn(V, V, generator=g)
+    order = [4, 0, 1, 2, 3, 5]
+    for a, b in zip(order, order[1:] + order[:1], strict=True):
+        table[a, b] = 4.0
+    return table
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -72,7 +80,8 @@ def test_eos_inside_an_accepted_block(mode):
     target = markov_chain_target(table)
     prompt = [1, 4]
     free = hf_greedy(target, prompt, 8)
-    eos = free[4]  # a token the greedy chain reaches; the perfect drafter drafts it inside a block
+    # a token the greedy chain first reaches at step >= 3: the perfect drafter drafts it inside a block
+    eos = next(t for i, t in enumerate(free) if i >= 3 and t not in free[:i])
     want = hf_greedy(target, prompt, 8, eos=eos)
     dec = DSparkDecoder(target, markov_drafter(target, table, block_size=4), planner=mode, sps_table=SPS)
     try:
@@ -125,7 +134,9 @@ def test_stream_yields_committed_tokens_in_order():
     try:
         full = dec.generate(prompts, max_new_tokens=9, seed=1, temperature=1.0, eos_token_id=[])
         got = [[], []]
-        for ev in dec.generate(prompts, max_new_tokens=9, seed=1, temperature=1.0, eos_token_id=[], stream=True):
+        for ev in dec.generate(
+            prompts, max_new_tokens=9, seed=1, temperature=1.0, eos_token_id=[], stream=True
+        ):
             got[ev.index] += ev.tokens
     finally:
         dec.close()

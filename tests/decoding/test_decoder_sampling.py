@@ -5,10 +5,14 @@ The first three generated tokens of many independent requests (one generate call
 so independent Philox streams) are compared with the exact joint distribution of plain decoding — softmax
 of the processed transition logits (temperature, top-k, top-p as Hugging Face applies them) — by a chi-square
 test and the total variation distance. The anticipating planner of the paper's Appendix A fails the same test.
+
+CI runs N = 20,000 sequences per case (TV bound 0.03: sampling noise alone is ~0.01 there);
+``DSPARK_EXACTNESS_N=100000`` runs the full-size check (TV < 0.01).
 """
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -19,8 +23,17 @@ from dspark.decoding.planner import PlanResult
 from dspark.reference import plan_verify_anticipating_ref
 from tests.decoding.toy_models import markov_chain_target, markov_drafter
 
-V, START = 5, 2
-SPS = SpsTable((1, 2, 3, 4, 8), (1.0, 0.5, 0.45, 0.4, 0.2), 64)
+V, START = 4, 2
+N = int(os.environ.get("DSPARK_EXACTNESS_N", "20000"))
+TV_MAX = 0.01 if N >= 100_000 else 0.03
+APPENDIX_A_SPS = SpsTable((1, 2, 3, 4), (1.0, 0.5, 0.45, 0.4), 4)
+
+
+def batch_sps(n: int, gamma: int = 3) -> SpsTable:
+    """A smooth cost curve for n requests verified together: one probe per token count, so ceiling pricing is
+    exact, and steps/s falling as 1 / (1 + (B - n) / (2n)): drafts with survival above ~0.5 pay off."""
+    tokens = tuple(range(n, n * (gamma + 1) + 1))
+    return SpsTable(tokens, tuple(1.0 / (1.0 + (b - n) / (2.0 * n)) for b in tokens), tokens[-1])
 
 
 def chain_table(seed=0):
@@ -55,18 +68,30 @@ def chi_square_p(counts, probs, n):
     if rest_p * n >= 5:
         stat += (rest_c - n * rest_p) ** 2 / (n * rest_p)
         dof += 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
+    return float(
+        torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0))
+    )
 
 
-def run(planner, temperature, top_k=0, top_p=1.0, n=100_000, seed=0):
+# confidence depends on the previous token only, as in the paper's Appendix A: after the start token c = 0.8,
+# after token 0 c = 0.9, after any other token c ~ 0
+APPENDIX_A_CONF = [math.log(0.9 / 0.1), -9.0, math.log(0.8 / 0.2), -9.0]
+
+
+def run(planner, temperature, top_k=0, top_p=1.0, n=N, seed=0):
     table = chain_table()
     target = markov_chain_target(table)
-    drafter = markov_drafter(target, table, noise=1.0, block_size=3)
-    dec = DSparkDecoder(target, drafter, planner=planner, sps_table=SPS, max_batch_size=n)
+    drafter = markov_drafter(target, table, noise=1.0, block_size=3, conf_logits=APPENDIX_A_CONF)
+    dec = DSparkDecoder(target, drafter, planner=planner, max_batch_size=n)
     try:
         out = dec.generate(
-            [[START]] * n, max_new_tokens=3, temperature=temperature, top_k=top_k or None, top_p=top_p,
-            eos_token_id=[], seed=seed,
+            [[START]] * n,
+            max_new_tokens=3,
+            temperature=temperature,
+            top_k=top_k or None,
+            top_p=top_p,
+            eos_token_id=[],
+            seed=seed,
         )
     finally:
         dec.close()
@@ -79,19 +104,22 @@ def run(planner, temperature, top_k=0, top_p=1.0, n=100_000, seed=0):
     return chi_square_p(counts, probs, n), tv, out.stats
 
 
-CASES = [
-    (mode, t, k, p)
-    for mode in ("full", "threshold", "early_stop", "lagged_topk")
-    for (t, k, p) in ((0.7, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.8))
-]
+SAMPLERS = ((0.7, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.8), (1.0, 0, 1.0))
+MODES = ("full", "threshold", "early_stop", "lagged_topk")
+# every mode with every sampler at full size; in CI each mode once, with a different sampler each
+CASES = (
+    [(m, *s) for m in MODES for s in SAMPLERS]
+    if N >= 100_000
+    else [(m, *s) for m, s in zip(MODES, SAMPLERS, strict=True)]
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,temperature,top_k,top_p", CASES)
 def test_first_three_tokens_follow_the_target(mode, temperature, top_k, top_p):
-    planner = Planner(mode, SPS, threshold=0.5)
+    planner = Planner(mode, batch_sps(N), threshold=0.5)
     pval, tv, stats = run(planner, temperature, top_k, top_p)
-    assert pval > 1e-3 and tv < 0.01, (pval, tv)
+    assert pval > 1e-3 and tv < TV_MAX, (pval, tv)
     assert 0 < stats.rejected_drafts < stats.verified_drafts  # drafts are both accepted and rejected
 
 
@@ -106,7 +134,7 @@ class AnticipatingPlanner(Planner):
 
 @pytest.mark.slow
 def test_the_anticipating_planner_fails_the_same_test():
-    pval, tv, _ = run(AnticipatingPlanner("early_stop", SPS), 1.0, n=40_000)
+    pval, tv, _ = run(AnticipatingPlanner("early_stop", APPENDIX_A_SPS), 1.0)
     assert pval < 1e-6, (pval, tv)
 
 
@@ -114,4 +142,6 @@ def test_chi_square_helper_is_calibrated():
     probs = {(i,): 0.25 for i in range(4)}
     assert chi_square_p({(0,): 250, (1,): 250, (2,): 250, (3,): 250}, probs, 1000) > 0.99
     assert chi_square_p({(0,): 400, (1,): 200, (2,): 200, (3,): 200}, probs, 1000) < 1e-6
-    assert math.isclose(sum(exact_joint(processed_probs(chain_table(), 1.0, 0, 1.0)).values()), 1.0)
+    assert math.isclose(
+        sum(exact_joint(processed_probs(chain_table(), 1.0, 0, 1.0)).values()), 1.0, abs_tol=1e-6
+    )

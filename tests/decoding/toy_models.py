@@ -37,7 +37,7 @@ def random_drafter(target, block_size: int = 4, markov_rank: int = 8, head: str 
         target,
         block_size=block_size,
         num_layers=1,
-        target_layer_ids=[0, L // 2, L - 2],
+        target_layer_ids=sorted({0, L // 2 - 1, L - 2}),
         markov_rank=markov_rank,
         markov_head_type=head,
         initializer_range=0.2,
@@ -59,7 +59,7 @@ def markov_chain_target(table: torch.Tensor, seed: int = 0) -> torch.nn.Module:
         num_hidden_layers=2,
         num_attention_heads=1,
         num_key_value_heads=1,
-        head_dim=V,
+        head_dim=8,
         max_position_embeddings=256,
         tie_word_embeddings=False,
         rms_norm_eps=1e-6,
@@ -77,15 +77,30 @@ def markov_chain_target(table: torch.Tensor, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def markov_drafter(target, table: torch.Tensor, noise: float = 0.0, block_size: int = 3, seed: int = 2):
-    """A drafter whose Markov head carries ``table`` (+ noise): q_k = softmax((table[x_{k-1}] + noise) / T)."""
+def markov_drafter(
+    target, table: torch.Tensor, noise: float = 0.0, block_size: int = 3, seed: int = 2, conf_logits=None
+):
+    """A drafter whose Markov head carries ``table`` (+ noise): q_k = softmax((table[x_{k-1}] + noise) / T).
+
+    ``conf_logits`` ([V]) makes the confidence of draft k depend only on x_{k-1}: c_k = sigmoid(conf_logits[x_{k-1}]).
+    """
     V = table.shape[0]
     d = DSparkDrafter.from_config(
-        target, block_size=block_size, num_layers=1, target_layer_ids=[0], markov_rank=V, markov_head_type="vanilla"
+        target,
+        block_size=block_size,
+        num_layers=1,
+        target_layer_ids=[0],
+        markov_rank=V,
+        markov_head_type="vanilla",
     ).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         d.norm.weight.zero_()  # hidden = 0 -> base logits U = 0
         d.markov_head.markov_w1.weight.copy_(torch.eye(V))
         d.markov_head.markov_w2.weight.copy_(table.t() + noise * torch.randn(V, V, generator=g))
+        if conf_logits is not None:
+            w = d.confidence_head.proj.weight  # [1, H + r]; hidden is 0, prev_emb = one-hot(x_{k-1})
+            w.zero_()
+            w[0, -V:] = torch.as_tensor(conf_logits, dtype=torch.float32)
+            d.confidence_head.proj.bias.zero_()
     return d

@@ -60,7 +60,7 @@ class GenerateOutput:
     stats: DSparkStats
 
 
-@dataclass
+@dataclass(eq=False)  # identity comparison: requests are compared in list operations
 class _Request:
     index: int
     rid: int
@@ -141,7 +141,9 @@ class DSparkDecoder:
         validate_pairing(drafter.config, target, tokenizer=tokenizer)
         gamma = drafter.config.block_size if block_size is None else int(block_size)
         if not 0 <= gamma <= drafter.config.block_size:
-            raise ValueError(f"block_size: must be in [0, {drafter.config.block_size}] (the drafter's), got {gamma}")
+            raise ValueError(
+                f"block_size: must be in [0, {drafter.config.block_size}] (the drafter's), got {gamma}"
+            )
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         self.target = target
@@ -149,7 +151,9 @@ class DSparkDecoder:
         self.gamma = gamma
         self.tokenizer = tokenizer
         self.max_batch_size = int(max_batch_size)
-        self.planner = planner if isinstance(planner, Planner) else Planner(planner, sps_table, threshold, lag)
+        self.planner = (
+            planner if isinstance(planner, Planner) else Planner(planner, sps_table, threshold, lag)
+        )
         self.sts = _load_sts(sts, max(gamma, 1))
         self.adapter = TargetAdapter(target, page_size=page_size, max_pages=max_kv_pages)
         self.taps = list(drafter.config.target_layer_ids)
@@ -159,7 +163,6 @@ class DSparkDecoder:
                 f"got {self.taps}"
             )
         self.stats = DSparkStats(gamma=gamma)
-        self._next_rid = 0
         self._offset = 0
         self.max_positions = getattr(target.config, "max_position_embeddings", None)
 
@@ -204,7 +207,14 @@ class DSparkDecoder:
             False runs plain decoding through the same engine (γ = 0).
         """
         cfg = self._resolve_config(
-            generation_config, max_new_tokens, temperature, top_k, top_p, repetition_penalty, eos_token_id, stop
+            generation_config,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            repetition_penalty,
+            eos_token_id,
+            stop,
         )
         prompt_ids = self._encode_prompts(prompts)
         reqs = self._make_requests(prompt_ids, cfg)
@@ -240,8 +250,12 @@ class DSparkDecoder:
         cfg = {
             "max_new_tokens": int(pick(max_new_tokens, "max_new_tokens", 128)),
             "temperature": float(temperature),
-            "top_k": int(top_k) if top_k is not None else (int(getattr(gc, "top_k", 0) or 0) if do_sample else 0),
-            "top_p": float(top_p) if top_p is not None else (float(getattr(gc, "top_p", 1.0) or 1.0) if do_sample else 1.0),
+            "top_k": int(top_k)
+            if top_k is not None
+            else (int(getattr(gc, "top_k", 0) or 0) if do_sample else 0),
+            "top_p": float(top_p)
+            if top_p is not None
+            else (float(getattr(gc, "top_p", 1.0) or 1.0) if do_sample else 1.0),
             "repetition_penalty": float(pick(repetition_penalty, "repetition_penalty", 1.0)),
             "stop": [stop] if isinstance(stop, str) else list(stop or pick(None, "stop_strings", []) or []),
         }
@@ -264,12 +278,16 @@ class DSparkDecoder:
     def _encode_prompts(self, prompts: Any) -> list[list[int]]:
         if isinstance(prompts, Tensor):
             prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)
+        ):
             prompts = [prompts]
         elif isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
             prompts = [prompts]
         if not isinstance(prompts, list) or not prompts:
-            raise ValueError("prompts: expected token ids, a list of token-id lists, strings or chat messages")
+            raise ValueError(
+                "prompts: expected token ids, a list of token-id lists, strings or chat messages"
+            )
         out = []
         for i, p in enumerate(prompts):
             if isinstance(p, Tensor):
@@ -300,12 +318,10 @@ class DSparkDecoder:
                 )
             stop = StopCriteria(cfg["max_new_tokens"], cfg["eos"], cfg["stop"], self.tokenizer)
             stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
-            reqs.append(_Request(i, self._new_rid(), p, stop, stream))
+            # the request id keys the request's caches and its random stream: the i-th prompt of every call
+            # draws the same numbers for the same seed, whatever else is in the batch
+            reqs.append(_Request(i, i, p, stop, stream))
         return reqs
-
-    def _new_rid(self) -> int:
-        self._next_rid = (self._next_rid + 1) % (1 << 32)
-        return self._next_rid
 
     # ------------------------------------------------------------------ the engine
     def _run(self, reqs: list[_Request], cfg: dict, seed: int, speculative: bool) -> Iterator[StreamEvent]:
@@ -315,6 +331,7 @@ class DSparkDecoder:
         active: list[_Request] = []
         t_start = time.perf_counter()
         self.planner.reset()
+        self._offset = 0
         try:
             while waiting or active:
                 while waiting and len(active) < self.max_batch_size:
@@ -323,13 +340,15 @@ class DSparkDecoder:
                 if fresh:
                     self._with_preemption(lambda f=fresh: self._prefill(f, cfg, seed, stats), active, waiting)
                 else:
-                    self._with_preemption(lambda: self._round(active, cfg, seed, speculative, stats), active, waiting)
-                for r in list(active):
+                    self._with_preemption(
+                        lambda: self._round(active, cfg, seed, speculative, stats), active, waiting
+                    )
+                for r in active:
                     yield from r.events
                     r.events.clear()
                     if r.stop.finished:
                         self._release(r)
-                        active.remove(r)
+                active = [r for r in active if not r.stop.finished]
         finally:
             for r in active:
                 self._release(r)
@@ -368,7 +387,9 @@ class DSparkDecoder:
             kw["top_p"] = torch.full((R,), cfg["top_p"], dtype=torch.float32, device=dev)
         if cfg["repetition_penalty"] != 1.0:
             seqs = [r.prompt + r.generated for r in rs]
-            kw["repetition_penalty"] = torch.full((R,), cfg["repetition_penalty"], dtype=torch.float32, device=dev)
+            kw["repetition_penalty"] = torch.full(
+                (R,), cfg["repetition_penalty"], dtype=torch.float32, device=dev
+            )
             kw["penalty_tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int64, device=dev)
             ptr = [0]
             for s in seqs:
@@ -408,19 +429,22 @@ class DSparkDecoder:
         t0 = time.perf_counter()
         out = self.adapter.forward(batch, layers=self.taps)
         stats.add_time("verify", time.perf_counter() - t0)
-        for i, r in enumerate(rs):
-            rows = torch.arange(out.qo_indptr[i], out.qo_indptr[i + 1])
-            self.drafter.append_context([r.rid], [self._features(out, rows)], positions=[0])
+        feats = self._features(out, torch.arange(out.qo_indptr[-1]))
+        sizes = [out.qo_indptr[i + 1] - out.qo_indptr[i] for i in range(len(rs))]
+        self.drafter.append_context([r.rid for r in rs], list(feats.split(sizes)), positions=[0] * len(rs))
+        for r in rs:
             r.started = True
-        new = [r for r in rs if not r.generated]
+        idx = [i for i, r in enumerate(rs) if not r.generated]
+        new = [rs[i] for i in idx]
         if new:
-            idx = [rs.index(r) for r in new]
             logits = torch.cat([out.request_logits(i) for i in idx])
             V = logits.shape[-1]
             dummy_q = torch.zeros(len(new), 1, V, dtype=torch.float32, device=logits.device)
             dummy_x = torch.zeros(len(new), 1, dtype=torch.int64, device=logits.device)
             vl = torch.ones(len(new), dtype=torch.int32)
-            _, out_tokens = self._accept(logits, list(range(len(new) + 1)), dummy_q, dummy_x, vl, new, cfg, seed)
+            _, out_tokens = self._accept(
+                logits, list(range(len(new) + 1)), dummy_q, dummy_x, vl, new, cfg, seed
+            )
             for j, r in enumerate(new):
                 self._commit(r, [int(out_tokens[j, 0])])
         for r in rs:
@@ -476,18 +500,20 @@ class DSparkDecoder:
         t0 = time.perf_counter()
         stats.add_time("accept", t0 - t1)
         acc = accepted.tolist()
-        emitted = []
+        emitted_rows = out_tokens.tolist()
+        emitted, cont_ids, cont_rows = [], [], []
         for i, r in enumerate(rs):
             a = acc[i]
             committed_len = self.adapter.length(r.rid) - lens[i] + 1 + a  # anchor + accepted drafts
             self.adapter.truncate(r.rid, committed_len)
-            kept = self._commit(r, out_tokens[i, : a + 1].tolist())
+            kept = self._commit(r, emitted_rows[i][: a + 1])
             emitted.append(len(kept))
             if not r.stop.finished:
-                rows = torch.arange(out.qo_indptr[i], out.qo_indptr[i] + a + 1)
-                self.drafter.append_context([r.rid], [self._features(out, rows)])
+                cont_ids.append(r.rid)
+                cont_rows.append((out.qo_indptr[i], a + 1))
                 r.anchor = kept[-1]
-        stats.record_round(
-            lens, acc, emitted, survival.tolist() if survival is not None else None, budget
-        )
+        if cont_ids:  # one batched append of the committed rows' target features
+            feats = self._features(out, torch.cat([torch.arange(s, s + n) for s, n in cont_rows]))
+            self.drafter.append_context(cont_ids, list(feats.split([n for _, n in cont_rows])))
+        stats.record_round(lens, acc, emitted, survival.tolist() if survival is not None else None, budget)
         stats.add_time("commit", time.perf_counter() - t0)
