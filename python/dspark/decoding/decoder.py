@@ -341,7 +341,7 @@ class DSparkDecoder:
                     self._with_preemption(lambda f=fresh: self._prefill(f, cfg, seed, stats), active, waiting)
                 else:
                     self._with_preemption(
-                        lambda: self._round(active, cfg, seed, speculative, stats), active, waiting
+                        lambda a=active: self._round(a, cfg, seed, speculative, stats), active, waiting
                     )
                 for r in active:
                     yield from r.events
