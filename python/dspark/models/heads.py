@@ -209,17 +209,17 @@ class VanillaMarkovHead(MarkovHead):
     def sample(
         self, base_logits, anchor, temperature, seed, offset, hidden=None, request_ids=None
     ) -> MarkovSample:
-        # Swap point for the fused ``dspark.ops.markov_sample`` op (same contract).
-        return markov_sample_torch(
-            base_logits,
-            anchor,
-            self.markov_w1.weight,
-            self.markov_w2.weight,
-            temperature,
-            seed,
-            offset,
-            request_ids,
+        # The fused op: bias GEMV + add + temperature + Gumbel-max per step, same keys as markov_sample_torch.
+        R = base_logits.shape[0]
+        t = _as_temperature(temperature, R, base_logits.device)
+        ids = torch.arange(R, device=base_logits.device) if request_ids is None else request_ids
+        w1, w2 = self.markov_w1.weight, self.markov_w2.weight
+        if w1.dtype != base_logits.dtype:
+            w1, w2 = w1.to(base_logits.dtype), w2.to(base_logits.dtype)
+        tokens, z, prev_emb = dspark.ops.markov_sample(
+            base_logits.contiguous(), anchor.to(torch.int64), w1, w2, t, int(seed), int(offset), ids.to(torch.int64)
         )
+        return MarkovSample(tokens, z, prev_emb.to(self.markov_w1.weight.dtype))
 
 
 class GatedMarkovHead(MarkovHead):
