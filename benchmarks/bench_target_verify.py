@@ -58,7 +58,7 @@ class HFPadded:
         pos = torch.tensor(self.ctx_len).unsqueeze(1) + torch.arange(width)
         out = self.model(input_ids=ids, attention_mask=torch.cat([self.ctx_mask, vmask], 1), position_ids=pos,
                          cache=self.cache, use_cache=True)
-        self.cache.crop(width)
+        self.cache.crop(-width)  # drop the verify block again
         return out.logits
 
 
