@@ -69,7 +69,11 @@ def main() -> None:
                 ref = gather_sdpa(*inputs, scale, True)
                 tol = 2e-5 if dtype == torch.float32 else 2e-2
                 torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
-                t_op = time_fn(lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True), args.device, budget)
+                t_op = time_fn(
+                    lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True),
+                    args.device,
+                    budget,
+                )
                 t_ref = time_fn(lambda i=inputs, s=scale: gather_sdpa(*i, s, True), args.device, budget)
                 kv_bytes = 2 * sum(n_kv) * Hkv * D * inputs[1].element_size()
                 case = {
@@ -80,9 +84,14 @@ def main() -> None:
                     "rows": sum(n_q),
                     "keys": sum(n_kv),
                 }
-                rows.append(Row(case, args.device, t_op, t_ref, {"KV GB/s": kv_bytes / (t_op.median_us * 1e3)}))
+                rows.append(
+                    Row(case, args.device, t_op, t_ref, {"KV GB/s": kv_bytes / (t_op.median_us * 1e3)})
+                )
     report(
-        "paged_verify_attention vs gather + SDPA", rows, args, ["case", "dtype", "Hq/Hkv/D", "R", "rows", "keys"]
+        "paged_verify_attention vs gather + SDPA",
+        rows,
+        args,
+        ["case", "dtype", "Hq/Hkv/D", "R", "rows", "keys"],
     )
 
 

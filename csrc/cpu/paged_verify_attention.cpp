@@ -6,6 +6,8 @@
 // converted to fp32 once and then used by all G * chunk query rows (a verify round of <= 16 tokens is one
 // chunk: its K/V are read once per KV head). Scores and the online softmax run in fp32 (include/dspark/
 // online_softmax.h); the output is rounded to the input dtype once at the end.
+#include "checks/paged_verify_attention.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -13,7 +15,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "checks/paged_verify_attention.h"
 #include "dspark/online_softmax.h"
 
 namespace dspark {
@@ -40,9 +41,9 @@ struct Item {
 };
 
 template <typename T>
-void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, const int32_t* qo, const int32_t* kvp,
-                 const int32_t* idx, const int32_t* last, int64_t Hq, int64_t Hkv, int64_t D, int64_t ps,
-                 float scale, bool causal) {
+void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, const int32_t* qo,
+                 const int32_t* kvp, const int32_t* idx, const int32_t* last, int64_t Hq, int64_t Hkv,
+                 int64_t D, int64_t ps, float scale, bool causal) {
   const int64_t G = Hq / Hkv;
   const int64_t n_q = qo[it.r + 1] - qo[it.r];
   const int64_t n_pages = kvp[it.r + 1] - kvp[it.r];
@@ -117,10 +118,10 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
 
 // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
 // kv_indices [nnz] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (dtype of q)
-at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                      const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
-                                      const at::Tensor& kv_indices, const at::Tensor& kv_last_page_len,
-                                      double scale, bool causal) {
+at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
+                                      const at::Tensor& v_cache, const at::Tensor& qo_indptr,
+                                      const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
+                                      const at::Tensor& kv_last_page_len, double scale, bool causal) {
   check_paged_verify_attention_meta(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t P = k_cache.size(0), ps = k_cache.size(1), Hkv = k_cache.size(2);
@@ -138,24 +139,23 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n_q = qop[r + 1] - qop[r];
     for (int64_t h = 0; h < Hkv; ++h) {
-      for (int64_t q0 = 0; q0 < n_q; q0 += kQueryChunk) items.push_back({r, h, q0, std::min(n_q, q0 + kQueryChunk)});
+      for (int64_t q0 = 0; q0 < n_q; q0 += kQueryChunk)
+        items.push_back({r, h, q0, std::min(n_q, q0 + kQueryChunk)});
     }
   }
   const float sc = static_cast<float>(scale);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cpu",
-                                  [&] {
-                                    const scalar_t* qp = qc.data_ptr<scalar_t>();
-                                    const scalar_t* kp = kc.data_ptr<scalar_t>();
-                                    const scalar_t* vp = vc.data_ptr<scalar_t>();
-                                    scalar_t* op = out.data_ptr<scalar_t>();
-                                    at::parallel_for(0, static_cast<int64_t>(items.size()), 1,
-                                                     [&](int64_t begin, int64_t end) {
-                                                       for (int64_t i = begin; i < end; ++i) {
-                                                         attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp,
-                                                                     lastp, Hq, Hkv, D, ps, sc, causal);
-                                                       }
-                                                     });
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cpu", [&] {
+        const scalar_t* qp = qc.data_ptr<scalar_t>();
+        const scalar_t* kp = kc.data_ptr<scalar_t>();
+        const scalar_t* vp = vc.data_ptr<scalar_t>();
+        scalar_t* op = out.data_ptr<scalar_t>();
+        at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp, lastp, Hq, Hkv, D, ps, sc, causal);
+          }
+        });
+      });
   return out;
 }
 

@@ -24,7 +24,9 @@ def _live_slots(pool: PagePool) -> dict[int, tuple]:
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["add", "append", "truncate", "finish"]), st.integers(0, 5), st.integers(0, 40)),
+    st.tuples(
+        st.sampled_from(["add", "append", "truncate", "finish"]), st.integers(0, 5), st.integers(0, 40)
+    ),
     max_size=60,
 )
 
@@ -45,10 +47,16 @@ def test_accounting_is_exact_under_any_sequence(ops, page_size, max_pages):
             except KVPoolExhausted:
                 # nothing changed, for this request or any other
                 assert (pool.free_pages, {r: pool.block_table(r) for r in lengths}) == before
-                assert max_pages is not None and pool.pages_needed(lengths[rid] + n) - len(before[1][rid]) > before[0]
+                assert (
+                    max_pages is not None
+                    and pool.pages_needed(lengths[rid] + n) - len(before[1][rid]) > before[0]
+                )
             else:
                 table = pool.block_table(rid)
-                expect = [table[i // page_size] * page_size + i % page_size for i in range(lengths[rid], lengths[rid] + n)]
+                expect = [
+                    table[i // page_size] * page_size + i % page_size
+                    for i in range(lengths[rid], lengths[rid] + n)
+                ]
                 assert slots.tolist() == expect and slots.dtype == torch.int64
                 lengths[rid] += n
         elif op == "truncate" and rid in lengths:

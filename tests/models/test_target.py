@@ -152,7 +152,9 @@ def test_pool_exhaustion_changes_nothing():
 def test_unsupported_models_get_a_clear_error():
     from transformers import LlamaModel
 
-    with pytest.raises(UnsupportedModelError, match="LlamaModel is not supported: .*not a causal LM.*tested families"):
+    with pytest.raises(
+        UnsupportedModelError, match="LlamaModel is not supported: .*not a causal LM.*tested families"
+    ):
         TargetAdapter(LlamaModel(tiny_config("llama")))
     with pytest.raises(UnsupportedModelError, match="Linear is not supported: it is not a transformers"):
         TargetAdapter(nn.Linear(2, 2))

@@ -22,11 +22,15 @@ def test_smollm2_prefill_and_verify_match_hf():
     model, tok = load_smollm2()
     ref_model, _ = load_smollm2(with_tokenizer=False)
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
-    prompts = ["The capital of France is", "def fibonacci(n):\n    ", "Speculative decoding makes large models"]
+    prompts = [
+        "The capital of France is",
+        "def fibonacci(n):\n    ",
+        "Speculative decoding makes large models",
+    ]
     ids = [tok(p)["input_ids"] for p in prompts]
     adapter = TargetAdapter(model)
     refs = []
-    for rid, p in enumerate(ids):
+    for rid in range(len(ids)):
         adapter.add_request(rid)
         refs.append(HFRequest(ref_model))
     out = adapter.forward([TargetInput(r, p, logits="all") for r, p in enumerate(ids)], layers=[4, 20])

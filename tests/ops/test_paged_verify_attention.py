@@ -38,8 +38,9 @@ def make_paged(
     qo = torch.tensor([0, *torch.tensor(n_q).cumsum(0).tolist()], dtype=torch.int32)
     kvp = torch.tensor([0, *torch.tensor(pages_per).cumsum(0).tolist()], dtype=torch.int32)
     indices = perm[: sum(pages_per)].clone()
-    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(n_kv, pages_per, strict=True)],
-                        dtype=torch.int32)
+    last = torch.tensor(
+        [n - (p - 1) * page_size if p else 0 for n, p in zip(n_kv, pages_per, strict=True)], dtype=torch.int32
+    )
     return tuple(t.to(device) for t in (q, k_cache, v_cache, qo, kvp, indices, last))
 
 
@@ -119,7 +120,9 @@ def test_ignores_pages_of_other_requests_and_spare_pages():
 
 
 def test_opcheck():
-    torch.library.opcheck(torch.ops.dspark.paged_verify_attention.default, (*make_paged([2, 3], [9, 20]), 0.125, True))
+    torch.library.opcheck(
+        torch.ops.dspark.paged_verify_attention.default, (*make_paged([2, 3], [9, 20]), 0.125, True)
+    )
     torch.library.opcheck(
         torch.ops.dspark.paged_verify_attention.default,
         (*make_paged([1, 5], [30, 5], dtype=torch.bfloat16, seed=5), 0.125, False),

@@ -85,7 +85,11 @@ def load_smollm2(dtype: torch.dtype = torch.float32, with_tokenizer: bool = True
         tok = AutoTokenizer.from_pretrained(cached) if with_tokenizer else None
     else:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name) if with_tokenizer or use_cache else None
+        tok = (
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            if with_tokenizer or use_cache
+            else None
+        )
         if use_cache:
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):

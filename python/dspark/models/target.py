@@ -180,7 +180,9 @@ def check_supported(model: nn.Module) -> None:
             reasons.append("its attention does not go through transformers' AttentionInterface")
         layers = _decoder_layers(model)
         if layers is None or not all(hasattr(getattr(m, "self_attn", None), "layer_idx") for m in layers):
-            reasons.append("its decoder layers (model.model.layers[i].self_attn with layer_idx) were not found")
+            reasons.append(
+                "its decoder layers (model.model.layers[i].self_attn with layer_idx) were not found"
+            )
     if reasons:
         raise UnsupportedModelError(f"{name} is not supported: {'; '.join(reasons)}. {_SUPPORT_NOTE}.")
 
@@ -227,7 +229,9 @@ class TargetAdapter:
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.num_layers = int(config.num_hidden_layers)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
         param = next(model.parameters())
         self.device = param.device
         self.dtype = dtype or param.dtype
@@ -235,8 +239,12 @@ class TargetAdapter:
             num_pages = max_pages
         self.pool = PagePool(page_size, num_pages if num_pages is not None else 64, max_pages)
         shape = (self.pool.total_pages, page_size, self.num_kv_heads, self.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.k_cache = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
+        ]
+        self.v_cache = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
+        ]
         self._layers = _decoder_layers(model)
         register_dspark_attention()
         self._previous_attn = getattr(model.config, "_attn_implementation", None)
@@ -267,9 +275,7 @@ class TargetAdapter:
 
     # ---- forward ------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def forward(
-        self, batch: Sequence[TargetInput | tuple], layers: Sequence[int] = ()
-    ) -> TargetOutput:
+    def forward(self, batch: Sequence[TargetInput | tuple], layers: Sequence[int] = ()) -> TargetOutput:
         """Append each request's new tokens and run them through the model in one packed forward.
 
         Parameters
@@ -316,7 +322,9 @@ class TargetAdapter:
                 else:
                     p = torch.as_tensor(it.positions, dtype=torch.long).reshape(-1)
                     if p.numel() != n:
-                        raise ValueError(f"TargetAdapter.forward: request {it.rid!r} has {n} tokens, {p.numel()} positions")
+                        raise ValueError(
+                            f"TargetAdapter.forward: request {it.rid!r} has {n} tokens, {p.numel()} positions"
+                        )
                     positions.append(p)
                 rows.append(self._logit_rows(it, n) + qo[-1])
                 qo.append(qo[-1] + n)
@@ -338,10 +346,14 @@ class TargetAdapter:
                 return torch.arange(n - 1, n) if n else torch.arange(0)
             if spec == "none":
                 return torch.arange(0)
-            raise ValueError(f"TargetAdapter.forward: logits must be 'all', 'last', 'none' or indices, got {spec!r}")
+            raise ValueError(
+                f"TargetAdapter.forward: logits must be 'all', 'last', 'none' or indices, got {spec!r}"
+            )
         idx = torch.as_tensor(spec, dtype=torch.long).reshape(-1)
         if idx.numel() and (idx.min() < 0 or idx.max() >= n):
-            raise ValueError(f"TargetAdapter.forward: logits rows {idx.tolist()} outside [0, {n}) for {it.rid!r}")
+            raise ValueError(
+                f"TargetAdapter.forward: logits rows {idx.tolist()} outside [0, {n}) for {it.rid!r}"
+            )
         return idx
 
     def _grow_caches(self) -> None:
@@ -372,9 +384,11 @@ class TargetAdapter:
         captured: dict[int, Tensor] = {}
         handles = []
         for layer in sorted(set(layers)):
+
             def hook(_mod, _args, output, layer=layer):
                 out = output[0] if isinstance(output, tuple) else output
                 captured[layer] = out[0]
+
             handles.append(self._layers[layer].register_forward_hook(hook))
         try:
             out = self.model(

@@ -66,5 +66,7 @@ def paged_verify_attention(
 
 
 @torch.library.register_fake("dspark::paged_verify_attention")
-def _paged_verify_attention_fake(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, scale, causal):
+def _paged_verify_attention_fake(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, scale, causal
+):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
