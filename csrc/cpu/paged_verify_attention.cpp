@@ -3,9 +3,9 @@
 //
 // Work items are (request, KV head, chunk of up to kQueryChunk query tokens), run with at::parallel_for. An
 // item handles every query head of its KV head's GQA group, so a block of keys is gathered from the pages and
-// converted to fp32 once and then used by all G * chunk query rows (a verify round of <= 16 tokens is one
-// chunk: its K/V are read once per KV head). Scores and the online softmax run in fp32 (include/dspark/
-// online_softmax.h); the output is rounded to the input dtype once at the end.
+// converted to fp32 once (fp32 caches are read in place) and then used by all G * chunk query rows (a verify
+// round of <= 16 tokens is one chunk: its K/V are read once per KV head). Scores and the online softmax run
+// in fp32 (include/dspark/ online_softmax.h); the output is rounded to the input dtype once at the end.
 #include "checks/paged_verify_attention.h"
 
 #include <ATen/Dispatch.h>
@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "dspark/online_softmax.h"
@@ -56,7 +57,11 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
     return std::clamp<int64_t>(n_kv - n_q + i + 1, 0, n_kv);
   };
   std::vector<float> Q(nr * D), O(nr * D, 0.f), m(nr, softmax_neg_inf()), l(nr, 0.f);
-  std::vector<float> Kb(kKeyBlock * D), Vb(kKeyBlock * D), S(kKeyBlock);
+  // fp32 caches are read in place; other dtypes are converted per key block into Kb/Vb.
+  constexpr bool kInPlace = std::is_same_v<T, float>;
+  std::vector<float> Kb(kInPlace ? 0 : kKeyBlock * D), Vb(kInPlace ? 0 : kKeyBlock * D), S(kKeyBlock);
+  const float* krow[kKeyBlock];
+  const float* vrow[kKeyBlock];
   for (int64_t i = 0; i < nt; ++i) {
     for (int64_t g = 0; g < G; ++g) {
       const T* src = q + ((qo[it.r] + it.q0 + i) * Hq + it.kvh * G + g) * D;
@@ -72,9 +77,16 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
       const int64_t slot = static_cast<int64_t>(pages[key / ps]) * ps + key % ps;
       const T* ks = kc + (slot * Hkv + it.kvh) * D;
       const T* vs = vc + (slot * Hkv + it.kvh) * D;
-      for (int64_t d = 0; d < D; ++d) {
-        Kb[j * D + d] = static_cast<float>(ks[d]);
-        Vb[j * D + d] = static_cast<float>(vs[d]);
+      if constexpr (kInPlace) {
+        krow[j] = ks;
+        vrow[j] = vs;
+      } else {
+        for (int64_t d = 0; d < D; ++d) {
+          Kb[j * D + d] = static_cast<float>(ks[d]);
+          Vb[j * D + d] = static_cast<float>(vs[d]);
+        }
+        krow[j] = Kb.data() + j * D;
+        vrow[j] = Vb.data() + j * D;
       }
     }
     for (int64_t i = 0; i < nt; ++i) {
@@ -85,7 +97,7 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
         const float* qr = Q.data() + row * D;
         float mx = softmax_neg_inf();
         for (int64_t j = 0; j < jn; ++j) {
-          S[j] = dot16(qr, Kb.data() + j * D, D) * scale;
+          S[j] = dot16(qr, krow[j], D) * scale;
           mx = std::max(mx, S[j]);
         }
         const float m_new = std::max(m[row], mx);
@@ -96,7 +108,7 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
         for (int64_t j = 0; j < jn; ++j) {
           const float p = softmax_weight(S[j], m_new);
           sum += p;
-          const float* vr = Vb.data() + j * D;
+          const float* vr = vrow[j];
           for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
         }
         l[row] = l[row] * alpha + sum;
