@@ -21,17 +21,23 @@ inline void check_paged_kv_append_meta(const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK_VALUE(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2),
                     "dspark::paged_kv_append: k_cache must be [num_pages, page_size, Hkv, D] with Hkv, D = ",
                     k.size(1), ", ", k.size(2), " (from k), got ", k_cache.sizes());
-  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "dspark::paged_kv_append: v_cache must have the shape of "
-                    "k_cache ", k_cache.sizes(), ", got ", v_cache.sizes());
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(),
+                    "dspark::paged_kv_append: v_cache must have the shape of "
+                    "k_cache ",
+                    k_cache.sizes(), ", got ", v_cache.sizes());
   check_dtype(op, v_cache, "v_cache", k.scalar_type());
-  TORCH_CHECK_VALUE(k_cache.is_contiguous(), "dspark::paged_kv_append: k_cache must be contiguous (it is written in "
+  TORCH_CHECK_VALUE(k_cache.is_contiguous(),
+                    "dspark::paged_kv_append: k_cache must be contiguous (it is written in "
                     "place)");
-  TORCH_CHECK_VALUE(v_cache.is_contiguous(), "dspark::paged_kv_append: v_cache must be contiguous (it is written in "
+  TORCH_CHECK_VALUE(v_cache.is_contiguous(),
+                    "dspark::paged_kv_append: v_cache must be contiguous (it is written in "
                     "place)");
   check_dim(op, slot_mapping, "slot_mapping", 1);
   check_dtype(op, slot_mapping, "slot_mapping", at::kLong);
-  TORCH_CHECK_VALUE(slot_mapping.size(0) == k.size(0), "dspark::paged_kv_append: slot_mapping must have one slot per "
-                    "token (", k.size(0), "), got ", slot_mapping.size(0));
+  TORCH_CHECK_VALUE(slot_mapping.size(0) == k.size(0),
+                    "dspark::paged_kv_append: slot_mapping must have one slot per "
+                    "token (",
+                    k.size(0), "), got ", slot_mapping.size(0));
   check_same_device(op, k, "k", v, "v");
   check_same_device(op, k, "k", k_cache, "k_cache");
   check_same_device(op, k, "k", v_cache, "v_cache");
@@ -41,8 +47,8 @@ inline void check_paged_kv_append_meta(const at::Tensor& k, const at::Tensor& v,
 // Every slot is -1 (skip) or a valid slot page * page_size + offset < num_pages * page_size.
 inline void check_slot_values(const int64_t* slots, int64_t n, int64_t num_slots) {
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(slots[i] >= -1 && slots[i] < num_slots, "dspark::paged_kv_append: slot_mapping[", i, "] = ",
-                      slots[i], " is outside [-1, ", num_slots, ") (num_pages * page_size)");
+    TORCH_CHECK_VALUE(slots[i] >= -1 && slots[i] < num_slots, "dspark::paged_kv_append: slot_mapping[", i,
+                      "] = ", slots[i], " is outside [-1, ", num_slots, ") (num_pages * page_size)");
   }
 }
 

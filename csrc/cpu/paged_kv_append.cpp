@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU paged_kv_append: scatter each new token's K and V rows into its KV-cache slot (slot -1 = skip).
+#include "checks/paged_kv_append.h"
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cstring>
-
-#include "checks/paged_kv_append.h"
 
 namespace dspark {
 

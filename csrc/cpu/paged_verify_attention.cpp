@@ -3,17 +3,19 @@
 //
 // Work items are (request, KV head, chunk of up to kQueryChunk query tokens), run with at::parallel_for. An
 // item handles every query head of its KV head's GQA group, so a block of keys is gathered from the pages and
-// converted to fp32 once and then used by all G * chunk query rows (a verify round of <= 16 tokens is one
-// chunk: its K/V are read once per KV head). Scores and the online softmax run in fp32 (include/dspark/
-// online_softmax.h); the output is rounded to the input dtype once at the end.
+// converted to fp32 once (fp32 caches are read in place) and then used by all G * chunk query rows (a verify
+// round of <= 16 tokens is one chunk: its K/V are read once per KV head). Scores and the online softmax run
+// in fp32 (include/dspark/ online_softmax.h); the output is rounded to the input dtype once at the end.
+#include "checks/paged_verify_attention.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
-#include "checks/paged_verify_attention.h"
 #include "dspark/online_softmax.h"
 
 namespace dspark {
@@ -40,9 +42,9 @@ struct Item {
 };
 
 template <typename T>
-void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, const int32_t* qo, const int32_t* kvp,
-                 const int32_t* idx, const int32_t* last, int64_t Hq, int64_t Hkv, int64_t D, int64_t ps,
-                 float scale, bool causal) {
+void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, const int32_t* qo,
+                 const int32_t* kvp, const int32_t* idx, const int32_t* last, int64_t Hq, int64_t Hkv,
+                 int64_t D, int64_t ps, float scale, bool causal) {
   const int64_t G = Hq / Hkv;
   const int64_t n_q = qo[it.r + 1] - qo[it.r];
   const int64_t n_pages = kvp[it.r + 1] - kvp[it.r];
@@ -55,7 +57,11 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
     return std::clamp<int64_t>(n_kv - n_q + i + 1, 0, n_kv);
   };
   std::vector<float> Q(nr * D), O(nr * D, 0.f), m(nr, softmax_neg_inf()), l(nr, 0.f);
-  std::vector<float> Kb(kKeyBlock * D), Vb(kKeyBlock * D), S(kKeyBlock);
+  // fp32 caches are read in place; other dtypes are converted per key block into Kb/Vb.
+  constexpr bool kInPlace = std::is_same_v<T, float>;
+  std::vector<float> Kb(kInPlace ? 0 : kKeyBlock * D), Vb(kInPlace ? 0 : kKeyBlock * D), S(kKeyBlock);
+  const float* krow[kKeyBlock];
+  const float* vrow[kKeyBlock];
   for (int64_t i = 0; i < nt; ++i) {
     for (int64_t g = 0; g < G; ++g) {
       const T* src = q + ((qo[it.r] + it.q0 + i) * Hq + it.kvh * G + g) * D;
@@ -71,9 +77,16 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
       const int64_t slot = static_cast<int64_t>(pages[key / ps]) * ps + key % ps;
       const T* ks = kc + (slot * Hkv + it.kvh) * D;
       const T* vs = vc + (slot * Hkv + it.kvh) * D;
-      for (int64_t d = 0; d < D; ++d) {
-        Kb[j * D + d] = static_cast<float>(ks[d]);
-        Vb[j * D + d] = static_cast<float>(vs[d]);
+      if constexpr (kInPlace) {
+        krow[j] = ks;
+        vrow[j] = vs;
+      } else {
+        for (int64_t d = 0; d < D; ++d) {
+          Kb[j * D + d] = static_cast<float>(ks[d]);
+          Vb[j * D + d] = static_cast<float>(vs[d]);
+        }
+        krow[j] = Kb.data() + j * D;
+        vrow[j] = Vb.data() + j * D;
       }
     }
     for (int64_t i = 0; i < nt; ++i) {
@@ -84,7 +97,7 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
         const float* qr = Q.data() + row * D;
         float mx = softmax_neg_inf();
         for (int64_t j = 0; j < jn; ++j) {
-          S[j] = dot16(qr, Kb.data() + j * D, D) * scale;
+          S[j] = dot16(qr, krow[j], D) * scale;
           mx = std::max(mx, S[j]);
         }
         const float m_new = std::max(m[row], mx);
@@ -95,7 +108,7 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
         for (int64_t j = 0; j < jn; ++j) {
           const float p = softmax_weight(S[j], m_new);
           sum += p;
-          const float* vr = Vb.data() + j * D;
+          const float* vr = vrow[j];
           for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
         }
         l[row] = l[row] * alpha + sum;
@@ -117,10 +130,10 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
 
 // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
 // kv_indices [nnz] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (dtype of q)
-at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                      const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
-                                      const at::Tensor& kv_indices, const at::Tensor& kv_last_page_len,
-                                      double scale, bool causal) {
+at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
+                                      const at::Tensor& v_cache, const at::Tensor& qo_indptr,
+                                      const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
+                                      const at::Tensor& kv_last_page_len, double scale, bool causal) {
   check_paged_verify_attention_meta(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t P = k_cache.size(0), ps = k_cache.size(1), Hkv = k_cache.size(2);
@@ -138,24 +151,23 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n_q = qop[r + 1] - qop[r];
     for (int64_t h = 0; h < Hkv; ++h) {
-      for (int64_t q0 = 0; q0 < n_q; q0 += kQueryChunk) items.push_back({r, h, q0, std::min(n_q, q0 + kQueryChunk)});
+      for (int64_t q0 = 0; q0 < n_q; q0 += kQueryChunk)
+        items.push_back({r, h, q0, std::min(n_q, q0 + kQueryChunk)});
     }
   }
   const float sc = static_cast<float>(scale);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cpu",
-                                  [&] {
-                                    const scalar_t* qp = qc.data_ptr<scalar_t>();
-                                    const scalar_t* kp = kc.data_ptr<scalar_t>();
-                                    const scalar_t* vp = vc.data_ptr<scalar_t>();
-                                    scalar_t* op = out.data_ptr<scalar_t>();
-                                    at::parallel_for(0, static_cast<int64_t>(items.size()), 1,
-                                                     [&](int64_t begin, int64_t end) {
-                                                       for (int64_t i = begin; i < end; ++i) {
-                                                         attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp,
-                                                                     lastp, Hq, Hkv, D, ps, sc, causal);
-                                                       }
-                                                     });
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cpu", [&] {
+        const scalar_t* qp = qc.data_ptr<scalar_t>();
+        const scalar_t* kp = kc.data_ptr<scalar_t>();
+        const scalar_t* vp = vc.data_ptr<scalar_t>();
+        scalar_t* op = out.data_ptr<scalar_t>();
+        at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp, lastp, Hq, Hkv, D, ps, sc, causal);
+          }
+        });
+      });
   return out;
 }
 

@@ -22,13 +22,14 @@ void paged_kv_append_cuda(const at::Tensor& k, const at::Tensor& v, const at::Te
   const int64_t T = k.size(0), row = k.size(1) * k.size(2);
   TORCH_CHECK_VALUE(T <= 0x7FFFFFFF, "dspark::paged_kv_append: at most 2^31 - 1 tokens on CUDA, got ", T);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, k.scalar_type(), "dspark_paged_kv_append_cuda", [&] {
-    const cudaError_t status = kernels::PagedKvAppend<scalar_t>(
-        kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-        slots.data_ptr<int64_t>(), T, row, stream);
-    TORCH_CHECK(status == cudaSuccess, "dspark::paged_kv_append: CUDA kernel launch failed: ",
-                cudaGetErrorString(status));
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, k.scalar_type(), "dspark_paged_kv_append_cuda", [&] {
+        const cudaError_t status = kernels::PagedKvAppend<scalar_t>(
+            kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+            v_cache.data_ptr<scalar_t>(), slots.data_ptr<int64_t>(), T, row, stream);
+        TORCH_CHECK(status == cudaSuccess,
+                    "dspark::paged_kv_append: CUDA kernel launch failed: ", cudaGetErrorString(status));
+      });
 }
 
 }  // namespace dspark

@@ -15,15 +15,18 @@ namespace dspark {
 namespace {
 
 // KV splits per (request, KV head): enough CTAs to cover the SMs twice for short query blocks; 1 for
-// prefill-like batches (more than 16 query tokens per request on average), and never a workspace over 256 MiB.
+// prefill-like batches (more than 16 query tokens per request on average), and never a workspace over 256
+// MiB.
 int choose_splits(int64_t T, int64_t R, int64_t Hq, int64_t Hkv, int64_t D, int device) {
   if (R == 0 || T > 16 * R) return 1;
   int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 80;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
+    sms = 80;
   int64_t splits = (2 * sms + R * Hkv - 1) / (R * Hkv);
   splits = std::clamp<int64_t>(splits, 1, 32);
   const int64_t per_split_bytes = T * Hq * (D + 2) * 4;
-  splits = std::min<int64_t>(splits, std::max<int64_t>(1, (int64_t{256} << 20) / std::max<int64_t>(1, per_split_bytes)));
+  splits = std::min<int64_t>(
+      splits, std::max<int64_t>(1, (int64_t{256} << 20) / std::max<int64_t>(1, per_split_bytes)));
   return static_cast<int>(splits);
 }
 
@@ -32,10 +35,10 @@ int choose_splits(int64_t T, int64_t R, int64_t Hq, int64_t Hkv, int64_t D, int 
 // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
 // kv_indices [nnz] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (cuda). The index value checks read the
 // index tensors and would sync, so they are CPU-only; on CUDA invalid indices are undefined behaviour.
-at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                       const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
-                                       const at::Tensor& kv_indices, const at::Tensor& kv_last_page_len,
-                                       double scale, bool causal) {
+at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache,
+                                       const at::Tensor& v_cache, const at::Tensor& qo_indptr,
+                                       const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
+                                       const at::Tensor& kv_last_page_len, double scale, bool causal) {
   check_paged_verify_attention_meta(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(2);
@@ -45,7 +48,8 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
                     kernels::kPvaGenericMaxD, ")");
   TORCH_CHECK_VALUE(T <= 0x7FFFFFFF && R <= 65535 && Hkv <= 65535,
                     "dspark::paged_verify_attention: CUDA limits are T < 2^31, R <= 65535 and Hkv <= 65535");
-  TORCH_CHECK_VALUE(k_cache.numel() <= (int64_t{1} << 62), "dspark::paged_verify_attention: k_cache too large");
+  TORCH_CHECK_VALUE(k_cache.numel() <= (int64_t{1} << 62),
+                    "dspark::paged_verify_attention: k_cache too large");
   const auto qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
   const auto qo = qo_indptr.contiguous(), kvp = kv_indptr.contiguous(), idx = kv_indices.contiguous(),
              last = kv_last_page_len.contiguous();
@@ -57,24 +61,33 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
     ws_o = at::empty({splits, T, Hq, D}, q.options().dtype(at::kFloat));
     ws_ml = at::empty({2, splits, T, Hq}, q.options().dtype(at::kFloat));
   }
-  kernels::PvaIndex ix{qo.data_ptr<int32_t>(), kvp.data_ptr<int32_t>(), idx.data_ptr<int32_t>(),
-                       last.data_ptr<int32_t>(), static_cast<int>(Hq), static_cast<int>(Hkv),
-                       static_cast<int>(k_cache.size(1)), static_cast<float>(scale), causal};
+  kernels::PvaIndex ix{qo.data_ptr<int32_t>(),
+                       kvp.data_ptr<int32_t>(),
+                       idx.data_ptr<int32_t>(),
+                       last.data_ptr<int32_t>(),
+                       static_cast<int>(Hq),
+                       static_cast<int>(Hkv),
+                       static_cast<int>(k_cache.size(1)),
+                       static_cast<float>(scale),
+                       causal};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cuda",
-                                  [&] {
-    float* wo = splits > 1 ? ws_o.data_ptr<float>() : nullptr;
-    float* wm = splits > 1 ? ws_ml.data_ptr<float>() : nullptr;
-    float* wl = splits > 1 ? wm + splits * T * Hq : nullptr;
-    const cudaError_t status = kernels::PagedVerifyAttention<scalar_t>(
-        qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), wo, wm,
-        wl, ix, static_cast<int>(T), static_cast<int>(R), static_cast<int>(D), splits, stream);
-    TORCH_CHECK(status == cudaSuccess, "dspark::paged_verify_attention: CUDA kernel launch failed: ",
-                cudaGetErrorString(status));
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cuda", [&] {
+        float* wo = splits > 1 ? ws_o.data_ptr<float>() : nullptr;
+        float* wm = splits > 1 ? ws_ml.data_ptr<float>() : nullptr;
+        float* wl = splits > 1 ? wm + splits * T * Hq : nullptr;
+        const cudaError_t status = kernels::PagedVerifyAttention<scalar_t>(
+            qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
+            out.data_ptr<scalar_t>(), wo, wm, wl, ix, static_cast<int>(T), static_cast<int>(R),
+            static_cast<int>(D), splits, stream);
+        TORCH_CHECK(status == cudaSuccess, "dspark::paged_verify_attention: CUDA kernel launch failed: ",
+                    cudaGetErrorString(status));
+      });
   return out;
 }
 
 }  // namespace dspark
 
-TORCH_LIBRARY_IMPL(dspark, CUDA, m) { m.impl("paged_verify_attention", &dspark::paged_verify_attention_cuda); }
+TORCH_LIBRARY_IMPL(dspark, CUDA, m) {
+  m.impl("paged_verify_attention", &dspark::paged_verify_attention_cuda);
+}

@@ -3,8 +3,8 @@
 //
 // A row's state is (m, l): the running maximum of the scaled scores seen so far and the running sum of
 // exp(score - m). The output accumulator o holds sum_j exp(score_j - m) * v_j. When a new block raises the
-// maximum from m to m', both l and o are multiplied by exp(m - m'). Empty rows (no key seen) keep m = -inf and
-// l = 0 and finish as zeros. Two partial states over disjoint key sets merge the same way (split-KV).
+// maximum from m to m', both l and o are multiplied by exp(m - m'). Empty rows (no key seen) keep m = -inf
+// and l = 0 and finish as zeros. Two partial states over disjoint key sets merge the same way (split-KV).
 #pragma once
 #include <cmath>
 
@@ -34,6 +34,8 @@ DSPARK_HD float softmax_weight(float s, float m) { return s == -INFINITY ? 0.f :
 DSPARK_HD float softmax_inv_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
 
 // Weight of a partial (m_i, l_i) when merging partials whose overall maximum is m: exp(m_i - m).
-DSPARK_HD float softmax_merge_weight(float m_i, float m) { return m_i == -INFINITY ? 0.f : softmax_exp(m_i - m); }
+DSPARK_HD float softmax_merge_weight(float m_i, float m) {
+  return m_i == -INFINITY ? 0.f : softmax_exp(m_i - m);
+}
 
 }  // namespace dspark

@@ -12,9 +12,9 @@ namespace dspark::kernels {
 
 // k, v [T, row] (row = Hkv * D elements); k_cache, v_cache [num_slots, row]; slot_mapping [T]
 template <typename Word>
-__global__ void PagedKvAppendKernel(const Word* __restrict__ k, const Word* __restrict__ v, Word* __restrict__ kc,
-                                    Word* __restrict__ vc, const int64_t* __restrict__ slot_mapping,
-                                    int64_t row_words) {
+__global__ void PagedKvAppendKernel(const Word* __restrict__ k, const Word* __restrict__ v,
+                                    Word* __restrict__ kc, Word* __restrict__ vc,
+                                    const int64_t* __restrict__ slot_mapping, int64_t row_words) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
   if (slot < 0) return;
@@ -30,15 +30,16 @@ cudaError_t PagedKvAppend(const DType* k, const DType* v, DType* k_cache, DType*
   if (T <= 0 || row <= 0) return cudaSuccess;
   const int64_t row_bytes = row * static_cast<int64_t>(sizeof(DType));
   const bool aligned = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(v) % 16 == 0 && reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(v) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
   const unsigned grid = static_cast<unsigned>(T);
   if (aligned) {
     const int64_t words = row_bytes / 16;
     const int threads = static_cast<int>(words < 256 ? ((words + 31) / 32) * 32 : 256);
     PagedKvAppendKernel<uint4><<<grid, threads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(k), reinterpret_cast<const uint4*>(v), reinterpret_cast<uint4*>(k_cache),
-        reinterpret_cast<uint4*>(v_cache), slot_mapping, words);
+        reinterpret_cast<const uint4*>(k), reinterpret_cast<const uint4*>(v),
+        reinterpret_cast<uint4*>(k_cache), reinterpret_cast<uint4*>(v_cache), slot_mapping, words);
   } else {
     const int threads = static_cast<int>(row < 256 ? ((row + 31) / 32) * 32 : 256);
     PagedKvAppendKernel<DType><<<grid, threads, 0, stream>>>(k, v, k_cache, v_cache, slot_mapping, row);

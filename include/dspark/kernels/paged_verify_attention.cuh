@@ -60,9 +60,9 @@ __device__ __forceinline__ int PvaLimit(const PvaIndex& ix, int n_q, int n_kv, i
   return lim < 0 ? 0 : (lim > n_kv ? n_kv : lim);
 }
 
-// grid (num_splits, Hkv, R); block kPvaWarps * 32; dynamic smem (kPvaRowsPerTile * D + kPvaKeyTile * (2D + 1))
-// floats. q [T, Hq, D], caches [pages, page_size, Hkv, D] -> out [T, Hq, D] (num_splits == 1) or
-// ws_o [num_splits, T, Hq, D] f32 + ws_m, ws_l [num_splits, T, Hq] f32
+// grid (num_splits, Hkv, R); block kPvaWarps * 32; dynamic smem (kPvaRowsPerTile * D + kPvaKeyTile * (2D +
+// 1)) floats. q [T, Hq, D], caches [pages, page_size, Hkv, D] -> out [T, Hq, D] (num_splits == 1) or ws_o
+// [num_splits, T, Hq, D] f32 + ws_m, ws_l [num_splits, T, Hq] f32
 template <typename DType, int D>
 __global__ void __launch_bounds__(kPvaWarps * 32)
     PvaSplitKernel(const DType* __restrict__ q, const DType* __restrict__ kc, const DType* __restrict__ vc,
@@ -71,9 +71,9 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
   static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
   constexpr int kCols = D / 32;
   extern __shared__ float smem[];
-  float* Qs = smem;                           // [kPvaRowsPerTile][D]
-  float* Ks = Qs + kPvaRowsPerTile * D;       // [kPvaKeyTile][D + 1]
-  float* Vs = Ks + kPvaKeyTile * (D + 1);     // [kPvaKeyTile][D]
+  float* Qs = smem;                        // [kPvaRowsPerTile][D]
+  float* Ks = Qs + kPvaRowsPerTile * D;    // [kPvaKeyTile][D + 1]
+  float* Vs = Ks + kPvaKeyTile * (D + 1);  // [kPvaKeyTile][D]
   const int split = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = ix.Hq / ix.Hkv;
@@ -115,7 +115,8 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
         const int j = e / D, d = e % D, key = kt + j;
         float kval = 0.f, vval = 0.f;
         if (key < loop_end) {
-          const int64_t slot = static_cast<int64_t>(pages[key / ix.page_size]) * ix.page_size + key % ix.page_size;
+          const int64_t slot =
+              static_cast<int64_t>(pages[key / ix.page_size]) * ix.page_size + key % ix.page_size;
           const int64_t off = (slot * ix.Hkv + kvh) * D + d;
           kval = static_cast<float>(kc[off]);
           vval = static_cast<float>(vc[off]);
@@ -162,7 +163,8 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
       const float inv = softmax_inv_sum(l[rr]);
       if (num_splits == 1) {
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) out[(tq * ix.Hq + head) * D + lane + 32 * c] = static_cast<DType>(acc[rr][c] * inv);
+        for (int c = 0; c < kCols; ++c)
+          out[(tq * ix.Hq + head) * D + lane + 32 * c] = static_cast<DType>(acc[rr][c] * inv);
       } else {
         const int64_t wrow = (static_cast<int64_t>(split) * T + tq) * ix.Hq + head;
 #pragma unroll
@@ -185,7 +187,8 @@ __global__ void PvaMergeKernel(const float* __restrict__ ws_o, const float* __re
   float mx = softmax_neg_inf();
   for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ws_m[s * rows + row]);
   float total = 0.f;
-  for (int s = 0; s < num_splits; ++s) total += softmax_merge_weight(ws_m[s * rows + row], mx) * ws_l[s * rows + row];
+  for (int s = 0; s < num_splits; ++s)
+    total += softmax_merge_weight(ws_m[s * rows + row], mx) * ws_l[s * rows + row];
   const float inv = softmax_inv_sum(total);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float o = 0.f;
@@ -200,8 +203,8 @@ __global__ void PvaMergeKernel(const float* __restrict__ ws_o, const float* __re
 // grid ceil(T * Hq / 4) blocks of 128 threads (one warp per (token, query head)); D <= kPvaGenericMaxD.
 template <typename DType>
 __global__ void PvaGenericKernel(const DType* __restrict__ q, const DType* __restrict__ kc,
-                                 const DType* __restrict__ vc, DType* __restrict__ out, PvaIndex ix, int T, int R,
-                                 int D) {
+                                 const DType* __restrict__ vc, DType* __restrict__ out, PvaIndex ix, int T,
+                                 int R, int D) {
   constexpr int kCols = kPvaGenericMaxD / 32;
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -210,7 +213,10 @@ __global__ void PvaGenericKernel(const DType* __restrict__ q, const DType* __res
   int lo = 0, hi = R - 1;  // request r with qo[r] <= t < qo[r + 1]
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (ix.qo_indptr[mid] <= t) lo = mid; else hi = mid - 1;
+    if (ix.qo_indptr[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int r = lo, kvh = h / (ix.Hq / ix.Hkv);
   const int n_q = ix.qo_indptr[r + 1] - ix.qo_indptr[r], n_kv = PvaKvLen(ix, r);
@@ -253,20 +259,21 @@ __global__ void PvaGenericKernel(const DType* __restrict__ q, const DType* __res
 }
 
 template <typename DType, int D>
-cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o, float* ws_m,
-                           float* ws_l, const PvaIndex& ix, int T, int R, int num_splits, cudaStream_t stream) {
+cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o,
+                           float* ws_m, float* ws_l, const PvaIndex& ix, int T, int R, int num_splits,
+                           cudaStream_t stream) {
   const size_t smem = sizeof(float) * (kPvaRowsPerTile * D + kPvaKeyTile * (2 * D + 1));
-  cudaError_t err = cudaFuncSetAttribute(PvaSplitKernel<DType, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err = cudaFuncSetAttribute(PvaSplitKernel<DType, D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(num_splits), static_cast<unsigned>(ix.Hkv), static_cast<unsigned>(R));
-  PvaSplitKernel<DType, D><<<grid, kPvaWarps * 32, smem, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T,
-                                                                    num_splits);
+  PvaSplitKernel<DType, D>
+      <<<grid, kPvaWarps * 32, smem, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T, num_splits);
   err = cudaGetLastError();
   if (err != cudaSuccess || num_splits == 1) return err;
   const int64_t rows = static_cast<int64_t>(T) * ix.Hq;
-  PvaMergeKernel<DType><<<static_cast<unsigned>(rows), D < 128 ? D : 128, 0, stream>>>(ws_o, ws_m, ws_l, out, rows,
-                                                                                         D, num_splits);
+  PvaMergeKernel<DType> < <<static_cast<unsigned>(rows), D<128 ? D : 128, 0, stream>>>(ws_o, ws_m, ws_l, out,
+                                                                                       rows, D, num_splits);
   return cudaGetLastError();
 }
 
@@ -276,13 +283,16 @@ inline bool PvaHasSplitKernel(int64_t D) { return D == 64 || D == 128; }
 // ws_o [num_splits, T, Hq, D], ws_m / ws_l [num_splits, T, Hq] f32 when num_splits > 1 (else unused).
 template <typename DType>
 cudaError_t PagedVerifyAttention(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o,
-                                 float* ws_m, float* ws_l, const PvaIndex& ix, int T, int R, int D, int num_splits,
-                                 cudaStream_t stream) {
+                                 float* ws_m, float* ws_l, const PvaIndex& ix, int T, int R, int D,
+                                 int num_splits, cudaStream_t stream) {
   if (T <= 0 || R <= 0) return cudaSuccess;
-  if (D == 64) return PvaLaunchSplit<DType, 64>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T, R, num_splits, stream);
-  if (D == 128) return PvaLaunchSplit<DType, 128>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T, R, num_splits, stream);
+  if (D == 64)
+    return PvaLaunchSplit<DType, 64>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T, R, num_splits, stream);
+  if (D == 128)
+    return PvaLaunchSplit<DType, 128>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T, R, num_splits, stream);
   const int64_t warps = static_cast<int64_t>(T) * ix.Hq;
-  PvaGenericKernel<DType><<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(q, kc, vc, out, ix, T, R, D);
+  PvaGenericKernel<DType>
+      <<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(q, kc, vc, out, ix, T, R, D);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA paged_kv_append / paged_verify_attention: same results as the CPU ops and the flash-attention error rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dspark
+from tests.ops.test_paged_verify_attention import CASES, FLOOR, assert_fa_rule, make_paged
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+EXTRA = [
+    # one request, long KV: many KV splits; GQA group of 8 with 16 rows: two row tiles per CTA
+    ("split_long", [16], [5000], 32, 4, 128, 16),
+    ("split_many_short", [1] * 40, [3] * 20 + [700] * 20, 8, 8, 64, 16),
+    ("generic_d256", [3, 20], [40, 20], 2, 1, 256, 16),
+]
+
+
+@pytest.mark.parametrize("name,n_q,n_kv,Hq,Hkv,D,ps", CASES + EXTRA, ids=[c[0] for c in CASES + EXTRA])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_matches_cpu_and_reference(name, n_q, n_kv, Hq, Hkv, D, ps, dtype, causal):
+    args = make_paged(n_q, n_kv, Hq, Hkv, D, ps, dtype, seed=len(name))
+    scale = D**-0.5
+    cpu = dspark.ops.paged_verify_attention(*args, scale, causal)
+    cuda = dspark.ops.paged_verify_attention(*(t.cuda() for t in args), scale, causal).cpu()
+    assert cuda.dtype == dtype and cuda.shape == cpu.shape
+    assert_fa_rule(cuda, args, scale, causal, FLOOR[dtype])
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(cuda.float(), cpu.float(), atol=tol, rtol=tol)
+
+
+def test_cuda_empty_rows_are_zero():
+    args = make_paged([0, 2, 4], [7, 0, 2], Hq=2, Hkv=1, D=64, page_size=4, seed=2)
+    out = dspark.ops.paged_verify_attention(*(t.cuda() for t in args), 0.125, True).cpu()
+    assert torch.equal(out[:4], torch.zeros_like(out[:4]))
+    torch.testing.assert_close(
+        out, dspark.ops.paged_verify_attention(*args, 0.125, True), atol=1e-5, rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 3])
+def test_cuda_kv_append_is_bit_exact(dtype, D):
+    g = torch.Generator().manual_seed(D)
+    k, v = torch.randn(9, 2, D, generator=g).to(dtype), torch.randn(9, 2, D, generator=g).to(dtype)
+    kc, vc = torch.zeros(6, 4, 2, D, dtype=dtype), torch.zeros(6, 4, 2, D, dtype=dtype)
+    slots = torch.randperm(24, generator=g)[:9]
+    slots[3] = -1
+    kcc, vcc = kc.cuda(), vc.cuda()
+    dspark.ops.paged_kv_append(k.cuda(), v.cuda(), kcc, vcc, slots.cuda())
+    dspark.ops.paged_kv_append(k, v, kc, vc, slots)
+    assert torch.equal(kcc.cpu(), kc) and torch.equal(vcc.cpu(), vc)
+
+
+def test_cuda_opcheck():
+    args = tuple(t.cuda() for t in make_paged([2, 3], [9, 300], seed=5))
+    torch.library.opcheck(torch.ops.dspark.paged_verify_attention.default, (*args, 0.125, True))
