@@ -140,15 +140,16 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
       const int64_t prev = k == 0 ? ap[r] : xp[r * G + k - 1];
       std::copy(w1p + prev * rank, w1p + (prev + 1) * rank, ep + (r * G + k) * rank);
     }
-    at::parallel_for(0, n_tiles, 1, [&](int64_t tb, int64_t te) {
-      for (int64_t ti = tb; ti < te; ++ti) {
+    // (tile, request) units, tile-major so that consecutive units reuse the W2 tile from cache
+    const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, std::min(V, kVocabTile) * rank));
+    at::parallel_for(0, n_tiles * R, grain, [&](int64_t ub, int64_t ue) {
+      for (int64_t unit = ub; unit < ue; ++unit) {
+        const int64_t ti = unit / R, r = unit % R;
         const int64_t i0 = ti * kVocabTile, i1 = std::min(V, i0 + kVocabTile);
-        for (int64_t r = 0; r < R; ++r) {
-          const int64_t rk = r * G + k;
-          partial[ti * R + r] = tile(static_cast<const char*>(u) + rk * V * u_elem, zp + rk * V, w2p,
-                                     ep + rk * rank, rank, i0, i1, tp[r], static_cast<uint64_t>(seed),
-                                     static_cast<uint64_t>(offset), req[r], static_cast<uint32_t>(k));
-        }
+        const int64_t rk = r * G + k;
+        partial[unit] = tile(static_cast<const char*>(u) + rk * V * u_elem, zp + rk * V, w2p, ep + rk * rank, rank,
+                             i0, i1, tp[r], static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), req[r],
+                             static_cast<uint32_t>(k));
       }
     });
     for (int64_t r = 0; r < R; ++r) {

@@ -1,0 +1,26 @@
+# SPDX-License-Identifier: Apache-2.0
+"""markov_sample on CUDA == CPU bit for bit (tokens, z, prev_emb); opcheck on CUDA."""
+
+import pytest
+import torch
+
+import dspark
+from tests.ops.test_markov_sample import markov_inputs
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("R,G,V,r", [(1, 1, 7, 1), (3, 4, 300, 12), (9, 7, 5000, 64), (64, 7, 49152, 256)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_equals_cpu(R, G, V, r, dtype):
+    args = markov_inputs(R, G, V, r, dtype, dtype, seed=R)
+    ids = torch.randint(0, 2**32, (R,))
+    cpu = dspark.ops.markov_sample(*args, 7, 3, ids)
+    gpu = dspark.ops.markov_sample(*(a.cuda() for a in args), 7, 3, ids.cuda())
+    for name, c, g in zip(("tokens", "draft_logits", "prev_emb"), cpu, gpu, strict=True):
+        assert torch.equal(c, g.cpu()), name
+
+
+def test_opcheck_cuda():
+    args = [a.cuda() for a in markov_inputs(2, 3, 40, 4)]
+    torch.library.opcheck(torch.ops.dspark.markov_sample.default, (*args, 1, 2, None))
