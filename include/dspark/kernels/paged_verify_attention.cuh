@@ -272,8 +272,9 @@ cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DTy
   err = cudaGetLastError();
   if (err != cudaSuccess || num_splits == 1) return err;
   const int64_t rows = static_cast<int64_t>(T) * ix.Hq;
-  PvaMergeKernel<DType> < <<static_cast<unsigned>(rows), D<128 ? D : 128, 0, stream>>>(ws_o, ws_m, ws_l, out,
-                                                                                       rows, D, num_splits);
+  const int merge_threads = D < 128 ? D : 128;
+  PvaMergeKernel<DType>
+      <<<static_cast<unsigned>(rows), merge_threads, 0, stream>>>(ws_o, ws_m, ws_l, out, rows, D, num_splits);
   return cudaGetLastError();
 }
 
