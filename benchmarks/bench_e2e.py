@@ -27,7 +27,18 @@ from dspark.cli import load_target  # noqa: E402
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts" / "humaneval.jsonl"
 
 
+FALLBACK_PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences what a hash map is.",
+    "Write a function that checks whether a string is a palindrome.",
+    "List three uses of the binary search algorithm.",
+]
+
+
 def read_prompts(path: Path, n: int) -> list[str]:
+    if not path.is_file():
+        print(f"(prompt file {path} not found: using {len(FALLBACK_PROMPTS)} built-in prompts)")
+        return (FALLBACK_PROMPTS * n)[:n]
     out = []
     with open(path) as f:
         for line in f:

@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// Checks of markov_sample / markov_sample_from_hidden shared by the CPU and CUDA launchers. The metadata checks
-// never read data; check_markov_sample_values reads it and therefore runs on CPU only (on CUDA it would sync).
+// Checks of markov_sample / markov_sample_from_hidden shared by the CPU and CUDA launchers. The metadata
+// checks never read data; check_markov_sample_values reads it and therefore runs on CPU only (on CUDA it
+// would sync).
 #pragma once
 #include "torch_checks.h"
 
 namespace dspark {
 
-inline void check_markov_common(const char* op, const at::Tensor& ref, const char* ref_name, int64_t R, int64_t G,
-                                int64_t V, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
-                                const at::Tensor& temperature, const c10::optional<at::Tensor>& request_ids) {
+inline void check_markov_common(const char* op, const at::Tensor& ref, const char* ref_name, int64_t R,
+                                int64_t G, int64_t V, const at::Tensor& anchor, const at::Tensor& w1,
+                                const at::Tensor& w2, const at::Tensor& temperature,
+                                const c10::optional<at::Tensor>& request_ids) {
   check_dim(op, anchor, "anchor", 1);
   check_dtype(op, anchor, "anchor", at::kLong);
   TORCH_CHECK_VALUE(anchor.size(0) == R, "dspark::", op, ": anchor must have one token per request (R = ", R,
@@ -17,15 +19,16 @@ inline void check_markov_common(const char* op, const at::Tensor& ref, const cha
   check_dim(op, w2, "w2", 2);
   check_float_dtype(op, w1, "w1");
   check_float_dtype(op, w2, "w2");
-  TORCH_CHECK_VALUE(w1.size(0) == V, "dspark::", op, ": w1 must be [V, r] with V = ", V, ", got ", w1.sizes());
+  TORCH_CHECK_VALUE(w1.size(0) == V, "dspark::", op, ": w1 must be [V, r] with V = ", V, ", got ",
+                    w1.sizes());
   TORCH_CHECK_VALUE(w2.sizes() == w1.sizes(), "dspark::", op, ": w2 must be [V, r] = ", w1.sizes(),
                     " (the nn.Linear(r, V) weight layout), got ", w2.sizes());
   TORCH_CHECK_VALUE(w2.scalar_type() == w1.scalar_type(), "dspark::", op, ": w2 must have w1's dtype ",
                     dtype_name(w1.scalar_type()), ", got ", dtype_name(w2.scalar_type()));
   check_dim(op, temperature, "temperature", 1);
   check_dtype(op, temperature, "temperature", at::kFloat);
-  TORCH_CHECK_VALUE(temperature.size(0) == R, "dspark::", op, ": temperature must have one entry per request (R = ",
-                    R, "), got ", temperature.size(0));
+  TORCH_CHECK_VALUE(temperature.size(0) == R, "dspark::", op,
+                    ": temperature must have one entry per request (R = ", R, "), got ", temperature.size(0));
   TORCH_CHECK_VALUE(G <= 0xFFFF, "dspark::", op, ": at most 65535 draft positions, got gamma = ", G);
   check_same_device(op, ref, ref_name, anchor, "anchor");
   check_same_device(op, ref, ref_name, w1, "w1");
@@ -35,13 +38,15 @@ inline void check_markov_common(const char* op, const at::Tensor& ref, const cha
     check_dim(op, *request_ids, "request_ids", 1);
     check_dtype(op, *request_ids, "request_ids", at::kLong);
     TORCH_CHECK_VALUE(request_ids->size(0) == R, "dspark::", op,
-                      ": request_ids must have one entry per request (R = ", R, "), got ", request_ids->size(0));
+                      ": request_ids must have one entry per request (R = ", R, "), got ",
+                      request_ids->size(0));
     check_same_device(op, ref, ref_name, *request_ids, "request_ids");
   }
 }
 
-inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Tensor& anchor, const at::Tensor& w1,
-                                     const at::Tensor& w2, const at::Tensor& temperature,
+inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Tensor& anchor,
+                                     const at::Tensor& w1, const at::Tensor& w2,
+                                     const at::Tensor& temperature,
                                      const c10::optional<at::Tensor>& request_ids) {
   constexpr const char* op = "markov_sample";
   check_dim(op, base_logits, "base_logits", 3);
@@ -51,17 +56,18 @@ inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Te
 }
 
 inline void check_markov_from_hidden_args(const at::Tensor& hidden, const at::Tensor& lm_head,
-                                          const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
-                                          const at::Tensor& temperature,
+                                          const at::Tensor& anchor, const at::Tensor& w1,
+                                          const at::Tensor& w2, const at::Tensor& temperature,
                                           const c10::optional<at::Tensor>& request_ids) {
   constexpr const char* op = "markov_sample_from_hidden";
   check_dim(op, hidden, "hidden", 3);
   check_float_dtype(op, hidden, "hidden");
   check_dim(op, lm_head, "lm_head", 2);
-  TORCH_CHECK_VALUE(lm_head.scalar_type() == hidden.scalar_type(), "dspark::", op, ": lm_head must have hidden's dtype ",
-                    dtype_name(hidden.scalar_type()), ", got ", dtype_name(lm_head.scalar_type()));
-  TORCH_CHECK_VALUE(lm_head.size(1) == hidden.size(2), "dspark::", op, ": lm_head must be [V, H] with H = ",
-                    hidden.size(2), ", got ", lm_head.sizes());
+  TORCH_CHECK_VALUE(lm_head.scalar_type() == hidden.scalar_type(), "dspark::", op,
+                    ": lm_head must have hidden's dtype ", dtype_name(hidden.scalar_type()), ", got ",
+                    dtype_name(lm_head.scalar_type()));
+  TORCH_CHECK_VALUE(lm_head.size(1) == hidden.size(2), "dspark::", op,
+                    ": lm_head must be [V, H] with H = ", hidden.size(2), ", got ", lm_head.sizes());
   check_same_device(op, hidden, "hidden", lm_head, "lm_head");
   check_markov_common(op, hidden, "hidden", hidden.size(0), hidden.size(1), lm_head.size(0), anchor, w1, w2,
                       temperature, request_ids);
@@ -88,12 +94,13 @@ inline void check_markov_sample_values(const char* op, const at::Tensor& logits,
     const auto ids = request_ids->contiguous();
     const int64_t* ip = ids.data_ptr<int64_t>();
     for (int64_t i = 0; i < ids.numel(); ++i) {
-      TORCH_CHECK_VALUE(ip[i] >= 0 && ip[i] <= 0xFFFFFFFFll, "dspark::", op, ": request_ids[", i, "] = ", ip[i],
-                        " is outside [0, 2^32)");
+      TORCH_CHECK_VALUE(ip[i] >= 0 && ip[i] <= 0xFFFFFFFFll, "dspark::", op, ": request_ids[", i,
+                        "] = ", ip[i], " is outside [0, 2^32)");
     }
   }
   if (logits.numel() > 0) {
-    TORCH_CHECK_VALUE(!at::isnan(logits).any().item<bool>(), "dspark::", op, ": ", logits_name, " contains NaN");
+    TORCH_CHECK_VALUE(!at::isnan(logits).any().item<bool>(), "dspark::", op, ": ", logits_name,
+                      " contains NaN");
     TORCH_CHECK_VALUE(!at::isposinf(logits).any().item<bool>(), "dspark::", op, ": ", logits_name,
                       " contains +inf");
     if (logits.size(-1) > 0) {

@@ -6,35 +6,34 @@
 
 namespace dspark {
 
-inline void check_optional_per_request(const at::Tensor& ref, const c10::optional<at::Tensor>& t, const char* name,
-                                       at::ScalarType dtype, int64_t R) {
+inline void check_optional_per_request(const at::Tensor& ref, const c10::optional<at::Tensor>& t,
+                                       const char* name, at::ScalarType dtype, int64_t R) {
   constexpr const char* op = "rejection_sample";
   if (!t.has_value()) return;
   check_dim(op, *t, name, 1);
   check_dtype(op, *t, name, dtype);
-  TORCH_CHECK_VALUE(t->size(0) == R, "dspark::rejection_sample: ", name, " must have one entry per request (R = ",
-                    R, "), got ", t->size(0));
+  TORCH_CHECK_VALUE(t->size(0) == R, "dspark::rejection_sample: ", name,
+                    " must have one entry per request (R = ", R, "), got ", t->size(0));
   check_same_device(op, ref, "target_logits", *t, name);
 }
 
-inline void check_rejection_sample_args(const at::Tensor& target_logits, const at::Tensor& qo_indptr,
-                                        const at::Tensor& draft_logits, const at::Tensor& draft_tokens,
-                                        const at::Tensor& verify_len, const at::Tensor& temperature,
-                                        const c10::optional<at::Tensor>& request_ids,
-                                        const c10::optional<at::Tensor>& top_k,
-                                        const c10::optional<at::Tensor>& top_p,
-                                        const c10::optional<at::Tensor>& repetition_penalty,
-                                        const c10::optional<at::Tensor>& penalty_tokens,
-                                        const c10::optional<at::Tensor>& penalty_indptr) {
+inline void check_rejection_sample_args(
+    const at::Tensor& target_logits, const at::Tensor& qo_indptr, const at::Tensor& draft_logits,
+    const at::Tensor& draft_tokens, const at::Tensor& verify_len, const at::Tensor& temperature,
+    const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
+    const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& repetition_penalty,
+    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr) {
   constexpr const char* op = "rejection_sample";
   check_dim(op, target_logits, "target_logits", 2);
   check_float_dtype(op, target_logits, "target_logits");
   check_dim(op, draft_logits, "draft_logits", 3);
   check_dtype(op, draft_logits, "draft_logits", at::kFloat);
   const int64_t R = draft_logits.size(0), G = draft_logits.size(1), V = draft_logits.size(2);
-  TORCH_CHECK_VALUE(target_logits.size(1) == V, "dspark::rejection_sample: target_logits must be [T, V] with V = ",
-                    V, " (draft_logits' vocabulary), got ", target_logits.sizes());
-  TORCH_CHECK_VALUE(G + 1 <= 0xFFFF, "dspark::rejection_sample: at most 65534 draft positions, got gamma = ", G);
+  TORCH_CHECK_VALUE(target_logits.size(1) == V,
+                    "dspark::rejection_sample: target_logits must be [T, V] with V = ", V,
+                    " (draft_logits' vocabulary), got ", target_logits.sizes());
+  TORCH_CHECK_VALUE(G + 1 <= 0xFFFF,
+                    "dspark::rejection_sample: at most 65534 draft positions, got gamma = ", G);
   check_dim(op, draft_tokens, "draft_tokens", 2);
   check_dtype(op, draft_tokens, "draft_tokens", at::kLong);
   TORCH_CHECK_VALUE(draft_tokens.size(0) == R && draft_tokens.size(1) == G,
@@ -42,16 +41,19 @@ inline void check_rejection_sample_args(const at::Tensor& target_logits, const a
                     draft_tokens.sizes());
   check_dim(op, qo_indptr, "qo_indptr", 1);
   check_dtype(op, qo_indptr, "qo_indptr", at::kInt);
-  TORCH_CHECK_VALUE(qo_indptr.size(0) == R + 1, "dspark::rejection_sample: qo_indptr must have R + 1 = ", R + 1,
-                    " entries, got ", qo_indptr.size(0));
+  TORCH_CHECK_VALUE(qo_indptr.size(0) == R + 1,
+                    "dspark::rejection_sample: qo_indptr must have R + 1 = ", R + 1, " entries, got ",
+                    qo_indptr.size(0));
   check_dim(op, verify_len, "verify_len", 1);
   check_dtype(op, verify_len, "verify_len", at::kInt);
-  TORCH_CHECK_VALUE(verify_len.size(0) == R, "dspark::rejection_sample: verify_len must have one entry per request (R = ",
-                    R, "), got ", verify_len.size(0));
+  TORCH_CHECK_VALUE(verify_len.size(0) == R,
+                    "dspark::rejection_sample: verify_len must have one entry per request (R = ", R,
+                    "), got ", verify_len.size(0));
   check_dim(op, temperature, "temperature", 1);
   check_dtype(op, temperature, "temperature", at::kFloat);
-  TORCH_CHECK_VALUE(temperature.size(0) == R, "dspark::rejection_sample: temperature must have one entry per request (R = ",
-                    R, "), got ", temperature.size(0));
+  TORCH_CHECK_VALUE(temperature.size(0) == R,
+                    "dspark::rejection_sample: temperature must have one entry per request (R = ", R,
+                    "), got ", temperature.size(0));
   check_same_device(op, target_logits, "target_logits", draft_logits, "draft_logits");
   check_same_device(op, target_logits, "target_logits", draft_tokens, "draft_tokens");
   check_same_device(op, target_logits, "target_logits", qo_indptr, "qo_indptr");
@@ -70,23 +72,21 @@ inline void check_rejection_sample_args(const at::Tensor& target_logits, const a
     check_dtype(op, *penalty_tokens, "penalty_tokens", at::kLong);
     check_dim(op, *penalty_indptr, "penalty_indptr", 1);
     check_dtype(op, *penalty_indptr, "penalty_indptr", at::kLong);
-    TORCH_CHECK_VALUE(penalty_indptr->size(0) == R + 1, "dspark::rejection_sample: penalty_indptr must have R + 1 = ",
-                      R + 1, " entries, got ", penalty_indptr->size(0));
+    TORCH_CHECK_VALUE(penalty_indptr->size(0) == R + 1,
+                      "dspark::rejection_sample: penalty_indptr must have R + 1 = ", R + 1, " entries, got ",
+                      penalty_indptr->size(0));
     check_same_device(op, target_logits, "target_logits", *penalty_tokens, "penalty_tokens");
     check_same_device(op, target_logits, "target_logits", *penalty_indptr, "penalty_indptr");
   }
 }
 
 // Data checks (CPU only). Only the rows the op reads are checked for NaN / +inf.
-inline void check_rejection_sample_values(const at::Tensor& target_logits, const at::Tensor& qo_indptr,
-                                          const at::Tensor& draft_logits, const at::Tensor& draft_tokens,
-                                          const at::Tensor& verify_len, const at::Tensor& temperature,
-                                          const c10::optional<at::Tensor>& request_ids,
-                                          const c10::optional<at::Tensor>& top_k,
-                                          const c10::optional<at::Tensor>& top_p,
-                                          const c10::optional<at::Tensor>& repetition_penalty,
-                                          const c10::optional<at::Tensor>& penalty_tokens,
-                                          const c10::optional<at::Tensor>& penalty_indptr) {
+inline void check_rejection_sample_values(
+    const at::Tensor& target_logits, const at::Tensor& qo_indptr, const at::Tensor& draft_logits,
+    const at::Tensor& draft_tokens, const at::Tensor& verify_len, const at::Tensor& temperature,
+    const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
+    const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& repetition_penalty,
+    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr) {
   const int64_t R = draft_logits.size(0), G = draft_logits.size(1), V = draft_logits.size(2);
   const int64_t T = target_logits.size(0);
   const auto qo = qo_indptr.contiguous();
@@ -136,8 +136,8 @@ inline void check_rejection_sample_values(const at::Tensor& target_logits, const
     const auto x = repetition_penalty->contiguous();
     const float* xp = x.data_ptr<float>();
     for (int64_t r = 0; r < R; ++r) {
-      TORCH_CHECK_VALUE(std::isfinite(xp[r]) && xp[r] > 0.f, "dspark::rejection_sample: repetition_penalty[", r,
-                        "] must be finite and > 0, got ", xp[r]);
+      TORCH_CHECK_VALUE(std::isfinite(xp[r]) && xp[r] > 0.f, "dspark::rejection_sample: repetition_penalty[",
+                        r, "] must be finite and > 0, got ", xp[r]);
     }
   }
   if (penalty_tokens.has_value()) {
@@ -145,14 +145,17 @@ inline void check_rejection_sample_values(const at::Tensor& target_logits, const
     const auto tok = penalty_tokens->contiguous();
     const int64_t* pp = ptr.data_ptr<int64_t>();
     const int64_t* tkp = tok.data_ptr<int64_t>();
-    TORCH_CHECK_VALUE(pp[0] == 0 && pp[R] <= tok.numel(), "dspark::rejection_sample: penalty_indptr must start at 0 and end within penalty_tokens (",
-                      tok.numel(), " tokens)");
+    TORCH_CHECK_VALUE(
+        pp[0] == 0 && pp[R] <= tok.numel(),
+        "dspark::rejection_sample: penalty_indptr must start at 0 and end within penalty_tokens (",
+        tok.numel(), " tokens)");
     for (int64_t r = 0; r < R; ++r) {
-      TORCH_CHECK_VALUE(pp[r + 1] >= pp[r], "dspark::rejection_sample: penalty_indptr must be non-decreasing");
+      TORCH_CHECK_VALUE(pp[r + 1] >= pp[r],
+                        "dspark::rejection_sample: penalty_indptr must be non-decreasing");
     }
     for (int64_t i = 0; i < pp[R]; ++i) {
-      TORCH_CHECK_VALUE(tkp[i] >= 0 && tkp[i] < V, "dspark::rejection_sample: penalty_tokens[", i, "] = ", tkp[i],
-                        " is outside the vocabulary [0, ", V, ")");
+      TORCH_CHECK_VALUE(tkp[i] >= 0 && tkp[i] < V, "dspark::rejection_sample: penalty_tokens[", i,
+                        "] = ", tkp[i], " is outside the vocabulary [0, ", V, ")");
     }
   }
   // NaN / +inf in the rows that are read (the verify rows; the draft rows of verified drafts).
@@ -164,8 +167,9 @@ inline void check_rejection_sample_values(const at::Tensor& target_logits, const
                       "dspark::rejection_sample: every verify row of target_logits needs a finite entry");
   }
   if (G > 0 && V > 0) {
-    TORCH_CHECK_VALUE(!at::isnan(draft_logits).any().item<bool>() && !at::isposinf(draft_logits).any().item<bool>(),
-                      "dspark::rejection_sample: draft_logits contains NaN or +inf");
+    TORCH_CHECK_VALUE(
+        !at::isnan(draft_logits).any().item<bool>() && !at::isposinf(draft_logits).any().item<bool>(),
+        "dspark::rejection_sample: draft_logits contains NaN or +inf");
   }
 }
 

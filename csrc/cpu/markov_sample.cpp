@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU markov_sample / markov_sample_from_hidden: the semi-autoregressive Markov draft step.
-// For k = 0..g-1 (left to right): e = W1[x_{k-1}] (x_{-1} = anchor), z_k = U_k + W2 e, x_k = argmax(z_k / T + G)
-// with keyed Philox Gumbel noise G (argmax of z_k when T = 0). Each step runs parallel over vocabulary tiles;
-// a tile of W2 is read once per step and reused for every request from cache. The arithmetic (markov_dot,
-// draft_key, tie rule) is include/dspark/sampling.h, shared with the CUDA kernel, so tokens and z agree bit
-// for bit across devices.
+// For k = 0..g-1 (left to right): e = W1[x_{k-1}] (x_{-1} = anchor), z_k = U_k + W2 e, x_k = argmax(z_k / T +
+// G) with keyed Philox Gumbel noise G (argmax of z_k when T = 0). Each step runs parallel over vocabulary
+// tiles; a tile of W2 is read once per step and reused for every request from cache. The arithmetic
+// (markov_dot, draft_key, tie rule) is include/dspark/sampling.h, shared with the CUDA kernel, so tokens and
+// z agree bit for bit across devices.
+#include "checks/markov_sample.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -12,7 +14,6 @@
 
 #include <vector>
 
-#include "checks/markov_sample.h"
 #include "dspark/sampling.h"
 
 namespace dspark {
@@ -31,8 +32,10 @@ struct Best {
 // One (vocab tile, request) unit of a step: writes z for the tile and returns the tile's best key.
 // -ffp-contract=off keeps mul and add unfused.
 template <typename TU, typename TW>
-__attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_row, const TW* w2, const float* e, int64_t rank, int64_t i0, int64_t i1,
-               float temperature, uint64_t seed, uint64_t offset, uint32_t request, uint32_t position) {
+__attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_row, const TW* w2,
+                                                     const float* e, int64_t rank, int64_t i0, int64_t i1,
+                                                     float temperature, uint64_t seed, uint64_t offset,
+                                                     uint32_t request, uint32_t position) {
   float y[kVocabTile];
   float ymax = -INFINITY;
   for (int64_t i = i0; i < i1; ++i) {
@@ -54,8 +57,8 @@ __attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_r
     bool any = false;
     for (int64_t i = b < i0 ? i0 : b; i < b + 4 && i < i1; ++i) any |= y[i - i0] >= cut;
     if (!any) continue;
-    const Philox4 words = philox_block(seed, offset, request, position, kPurposeDraftSample,
-                                       static_cast<uint32_t>(b >> 2));
+    const Philox4 words =
+        philox_block(seed, offset, request, position, kPurposeDraftSample, static_cast<uint32_t>(b >> 2));
     for (int c = 0; c < 4; ++c) {
       const int64_t i = b + c;
       if (i < i0 || i >= i1 || !(y[i - i0] >= cut)) continue;  // -inf logits never win
@@ -66,15 +69,15 @@ __attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_r
   return best;
 }
 
-using TileFn = Best (*)(const void*, float*, const void*, const float*, int64_t, int64_t, int64_t, float, uint64_t,
-                        uint64_t, uint32_t, uint32_t);
+using TileFn = Best (*)(const void*, float*, const void*, const float*, int64_t, int64_t, int64_t, float,
+                        uint64_t, uint64_t, uint32_t, uint32_t);
 
-#define DSPARK_TILE_CLONE(NAME, TU, TW)                                                                         \
-  __attribute__((target_clones("arch=x86-64-v3", "default"))) Best NAME(                                       \
-      const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1, float t, \
-      uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                                  \
-    return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t, s, o, \
-                             req, pos);                                                                      \
+#define DSPARK_TILE_CLONE(NAME, TU, TW)                                                                    \
+  __attribute__((target_clones("arch=x86-64-v3", "default"))) Best NAME(                                   \
+      const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1,       \
+      float t, uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                       \
+    return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t, \
+                             s, o, req, pos);                                                              \
   }
 
 // An AVX2 clone (target_clones) measured ~13x slower here: the per-element calls into the SSE-compiled Gumbel
@@ -82,11 +85,11 @@ using TileFn = Best (*)(const void*, float*, const void*, const float*, int64_t,
 #if 0
 #define DSPARK_TILE(NAME, TU, TW) DSPARK_TILE_CLONE(NAME, TU, TW)
 #else
-#define DSPARK_TILE(NAME, TU, TW)                                                                             \
-  Best NAME(const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1,    \
-            float t, uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                    \
-    return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t, s, o, \
-                             req, pos);                                                                      \
+#define DSPARK_TILE(NAME, TU, TW)                                                                          \
+  Best NAME(const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1, \
+            float t, uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                 \
+    return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t, \
+                             s, o, req, pos);                                                              \
   }
 #endif
 
@@ -134,7 +137,8 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
   const int64_t n_tiles = (V + kVocabTile - 1) / kVocabTile;
   std::vector<Best> partial(static_cast<size_t>(n_tiles * R));
   std::vector<uint32_t> req(R);
-  for (int64_t r = 0; r < R; ++r) req[r] = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
+  for (int64_t r = 0; r < R; ++r)
+    req[r] = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
   const at::Tensor w1f = w1c.to(at::kFloat);
   const float* w1p = w1f.data_ptr<float>();
   for (int64_t k = 0; k < G; ++k) {
@@ -149,9 +153,9 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
         const int64_t ti = unit / R, r = unit % R;
         const int64_t i0 = ti * kVocabTile, i1 = std::min(V, i0 + kVocabTile);
         const int64_t rk = r * G + k;
-        partial[unit] = tile(static_cast<const char*>(u) + rk * V * u_elem, zp + rk * V, w2p, ep + rk * rank, rank,
-                             i0, i1, tp[r], static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), req[r],
-                             static_cast<uint32_t>(k));
+        partial[unit] = tile(static_cast<const char*>(u) + rk * V * u_elem, zp + rk * V, w2p, ep + rk * rank,
+                             rank, i0, i1, tp[r], static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
+                             req[r], static_cast<uint32_t>(k));
       }
     });
     for (int64_t r = 0; r < R; ++r) {
@@ -170,22 +174,21 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
 
 // base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32
 //   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32
-std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(const at::Tensor& base_logits,
-                                                                 const at::Tensor& anchor, const at::Tensor& w1,
-                                                                 const at::Tensor& w2,
-                                                                 const at::Tensor& temperature, int64_t seed,
-                                                                 int64_t offset,
-                                                                 const c10::optional<at::Tensor>& request_ids) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(
+    const at::Tensor& base_logits, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
+    const at::Tensor& temperature, int64_t seed, int64_t offset,
+    const c10::optional<at::Tensor>& request_ids) {
   check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
   const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2), rank = w1.size(1);
-  check_markov_sample_values("markov_sample", base_logits, "base_logits", anchor, temperature, V, request_ids);
+  check_markov_sample_values("markov_sample", base_logits, "base_logits", anchor, temperature, V,
+                             request_ids);
   const auto u = base_logits.contiguous();
   auto opts = u.options().dtype(at::kFloat);
   auto z = at::empty({R, G, V}, opts);
   auto tokens = at::empty({R, G}, opts.dtype(at::kLong));
   auto prev_emb = at::empty({R, G, rank}, opts);
-  markov_steps(u.data_ptr(), u.scalar_type(), anchor, w1, w2, temperature, seed, offset, request_ids, z, tokens,
-               prev_emb);
+  markov_steps(u.data_ptr(), u.scalar_type(), anchor, w1, w2, temperature, seed, offset, request_ids, z,
+               tokens, prev_emb);
   return {tokens, z, prev_emb};
 }
 
@@ -199,7 +202,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_from_hidden_cpu(
   check_markov_from_hidden_args(hidden, lm_head, anchor, w1, w2, temperature, request_ids);
   const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), V = lm_head.size(0),
                 rank = w1.size(1);
-  check_markov_sample_values("markov_sample_from_hidden", hidden, "hidden", anchor, temperature, V, request_ids);
+  check_markov_sample_values("markov_sample_from_hidden", hidden, "hidden", anchor, temperature, V,
+                             request_ids);
   auto opts = hidden.options().dtype(at::kFloat);
   auto z = at::empty({R, G, V}, opts);
   auto tokens = at::empty({R, G}, opts.dtype(at::kLong));
@@ -213,8 +217,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_from_hidden_cpu(
                  prev_emb);
   } else {
     const auto u = at::mm(h2, lm_head.t()).contiguous();
-    markov_steps(u.data_ptr(), u.scalar_type(), anchor, w1, w2, temperature, seed, offset, request_ids, z, tokens,
-                 prev_emb);
+    markov_steps(u.data_ptr(), u.scalar_type(), anchor, w1, w2, temperature, seed, offset, request_ids, z,
+                 tokens, prev_emb);
   }
   return {tokens, z, prev_emb};
 }

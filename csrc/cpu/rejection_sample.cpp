@@ -4,13 +4,14 @@
 // x_i iff u_i * q(x_i) < p(x_i); on the first rejection a residual draw from (p - q)+; after a fully accepted
 // prefix a bonus draw from p at the last verified row. Rows after a rejection are never processed. The math
 // (exp, sums, thresholds, keys) is include/dspark/sampling.h, shared with the CUDA kernel.
+#include "checks/rejection_sample.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <vector>
 
-#include "checks/rejection_sample.h"
 #include "dspark/sampling.h"
 
 namespace dspark {
@@ -113,7 +114,8 @@ int64_t gumbel_draw(int64_t V, W wt, uint64_t seed, uint64_t offset, uint32_t re
   for (int64_t i = 0; i < V; ++i) {
     const float x = wt(i);
     if (!(x > 0.0f)) continue;
-    const float key = add_rn(log_positive(x), philox_gumbel(seed, offset, request, position, kPurposeResidual, i));
+    const float key =
+        add_rn(log_positive(x), philox_gumbel(seed, offset, request, position, kPurposeResidual, i));
     if (best < 0 || better(key, i, best_key, best)) {
       best = i;
       best_key = key;
@@ -137,7 +139,8 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
   check_rejection_sample_args(target_logits, qo_indptr, draft_logits, draft_tokens, verify_len, temperature,
                               request_ids, top_k, top_p, repetition_penalty, penalty_tokens, penalty_indptr);
   check_rejection_sample_values(target_logits, qo_indptr, draft_logits, draft_tokens, verify_len, temperature,
-                                request_ids, top_k, top_p, repetition_penalty, penalty_tokens, penalty_indptr);
+                                request_ids, top_k, top_p, repetition_penalty, penalty_tokens,
+                                penalty_indptr);
   const int64_t R = draft_logits.size(0), G = draft_logits.size(1), V = draft_logits.size(2);
   auto accepted = at::zeros({R}, draft_tokens.options().dtype(at::kInt));
   auto out = at::full({R, G + 1}, -1, draft_tokens.options());
@@ -161,68 +164,75 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
   int32_t* accp = accepted.data_ptr<int32_t>();
   int64_t* outp = out.data_ptr<int64_t>();
   const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, tl.scalar_type(), "dspark_rejection_sample_cpu", [&] {
-    const scalar_t* tlp = tl.data_ptr<scalar_t>();
-    at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> y(V), w(V);
-      for (int64_t r = begin; r < end; ++r) {
-        RequestParams rp;
-        rp.temperature = tt.data_ptr<float>()[r];
-        rp.top_k = tk.defined() ? tk.data_ptr<int64_t>()[r] : 0;
-        rp.top_p = tp.defined() ? tp.data_ptr<float>()[r] : 1.0f;
-        rp.penalty = rpn.defined() ? rpn.data_ptr<float>()[r] : 1.0f;
-        rp.penalty_tokens = nullptr;
-        rp.n_penalty = 0;
-        if (ptok.defined()) {
-          const int64_t* pp = pptr.data_ptr<int64_t>();
-          rp.penalty_tokens = ptok.data_ptr<int64_t>() + pp[r];
-          rp.n_penalty = pp[r + 1] - pp[r];
-        }
-        rp.request = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
-        const bool greedy = rp.temperature == 0.0f;
-        const int64_t n = lp[r];
-        const int64_t* drafts = dp + r * G;
-        int64_t* emit = outp + r * (G + 1);
-        int32_t n_acc = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const scalar_t* row = tlp + (static_cast<int64_t>(qp[r]) + i) * V;
-          const int64_t arg = target_row(row, V, rp, drafts, i, y.data(), w.data());
-          const uint32_t pos = static_cast<uint32_t>(i);
-          if (i == n - 1) {  // every verified draft accepted: bonus from p at the last verified row
-            emit[i] = greedy ? arg : gumbel_draw(V, [&](int64_t j) { return w[j]; }, s, o, rp.request, pos);
-            break;
-          }
-          const int64_t x = drafts[i];
-          if (greedy) {
-            if (arg == x) {
-              emit[i] = x;
-              ++n_acc;
-              continue;
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, tl.scalar_type(), "dspark_rejection_sample_cpu", [&] {
+        const scalar_t* tlp = tl.data_ptr<scalar_t>();
+        at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+          std::vector<float> y(V), w(V);
+          for (int64_t r = begin; r < end; ++r) {
+            RequestParams rp;
+            rp.temperature = tt.data_ptr<float>()[r];
+            rp.top_k = tk.defined() ? tk.data_ptr<int64_t>()[r] : 0;
+            rp.top_p = tp.defined() ? tp.data_ptr<float>()[r] : 1.0f;
+            rp.penalty = rpn.defined() ? rpn.data_ptr<float>()[r] : 1.0f;
+            rp.penalty_tokens = nullptr;
+            rp.n_penalty = 0;
+            if (ptok.defined()) {
+              const int64_t* pp = pptr.data_ptr<int64_t>();
+              rp.penalty_tokens = ptok.data_ptr<int64_t>() + pp[r];
+              rp.n_penalty = pp[r + 1] - pp[r];
             }
-            emit[i] = arg;
-            break;
+            rp.request = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
+            const bool greedy = rp.temperature == 0.0f;
+            const int64_t n = lp[r];
+            const int64_t* drafts = dp + r * G;
+            int64_t* emit = outp + r * (G + 1);
+            int32_t n_acc = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const scalar_t* row = tlp + (static_cast<int64_t>(qp[r]) + i) * V;
+              const int64_t arg = target_row(row, V, rp, drafts, i, y.data(), w.data());
+              const uint32_t pos = static_cast<uint32_t>(i);
+              if (i == n - 1) {  // every verified draft accepted: bonus from p at the last verified row
+                emit[i] =
+                    greedy ? arg : gumbel_draw(V, [&](int64_t j) { return w[j]; }, s, o, rp.request, pos);
+                break;
+              }
+              const int64_t x = drafts[i];
+              if (greedy) {
+                if (arg == x) {
+                  emit[i] = x;
+                  ++n_acc;
+                  continue;
+                }
+                emit[i] = arg;
+                break;
+              }
+              // q = softmax(z / T) of the draft row
+              const float* z = zp + (r * G + i) * V;
+              float mq = -INFINITY;
+              for (int64_t j = 0; j < V; ++j) mq = std::max(mq, div_rn(z[j], rp.temperature));
+              const float sq = lane_sum(
+                  V, [&](int64_t j) { return exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)); });
+              auto q_at = [&](int64_t j) {
+                return div_rn(exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)), sq);
+              };
+              const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
+              if (mul_rn(u, q_at(x)) < w[x]) {
+                emit[i] = x;
+                ++n_acc;
+                continue;
+              }
+              int64_t c =
+                  gumbel_draw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, s, o, rp.request, pos);
+              if (c < 0)
+                c = gumbel_draw(V, [&](int64_t j) { return w[j]; }, s, o, rp.request, pos);  // (p - q)+ = 0
+              emit[i] = c;
+              break;
+            }
+            accp[r] = n_acc;
           }
-          // q = softmax(z / T) of the draft row
-          const float* z = zp + (r * G + i) * V;
-          float mq = -INFINITY;
-          for (int64_t j = 0; j < V; ++j) mq = std::max(mq, div_rn(z[j], rp.temperature));
-          const float sq = lane_sum(V, [&](int64_t j) { return exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)); });
-          auto q_at = [&](int64_t j) { return div_rn(exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)), sq); };
-          const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
-          if (mul_rn(u, q_at(x)) < w[x]) {
-            emit[i] = x;
-            ++n_acc;
-            continue;
-          }
-          int64_t c = gumbel_draw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, s, o, rp.request, pos);
-          if (c < 0) c = gumbel_draw(V, [&](int64_t j) { return w[j]; }, s, o, rp.request, pos);  // (p - q)+ = 0
-          emit[i] = c;
-          break;
-        }
-        accp[r] = n_acc;
-      }
-    });
-  });
+        });
+      });
   return {accepted, out};
 }
 

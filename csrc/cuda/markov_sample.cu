@@ -21,10 +21,12 @@ void launch(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1,
   const cudaError_t status = kernels::MarkovSample<TU, TW>(
       reinterpret_cast<const TU*>(u.data_ptr()), anchor.data_ptr<int64_t>(),
       reinterpret_cast<const TW*>(w1.data_ptr()), reinterpret_cast<const TW*>(w2.data_ptr()),
-      temperature.data_ptr<float>(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr, tokens.data_ptr<int64_t>(),
-      z.data_ptr<float>(), prev_emb.data_ptr<float>(), part_key.data_ptr<float>(), part_idx.data_ptr<int64_t>(), R,
-      G, V, rank, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(status == cudaSuccess, "dspark::markov_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
+      temperature.data_ptr<float>(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
+      tokens.data_ptr<int64_t>(), z.data_ptr<float>(), prev_emb.data_ptr<float>(), part_key.data_ptr<float>(),
+      part_idx.data_ptr<int64_t>(), R, G, V, rank, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
+      c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(status == cudaSuccess,
+              "dspark::markov_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
 }
 
 template <typename TU>
@@ -32,9 +34,15 @@ void dispatch_w(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor&
                 const at::Tensor& temperature, const at::Tensor& ids, at::Tensor& tokens, at::Tensor& z,
                 at::Tensor& prev_emb, at::Tensor& pk, at::Tensor& pi, int64_t seed, int64_t offset) {
   switch (w1.scalar_type()) {
-    case at::kFloat: return launch<TU, float>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed, offset);
-    case at::kBFloat16: return launch<TU, __nv_bfloat16>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed, offset);
-    default: return launch<TU, __half>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+    case at::kFloat:
+      return launch<TU, float>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed,
+                               offset);
+    case at::kBFloat16:
+      return launch<TU, __nv_bfloat16>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed,
+                                       offset);
+    default:
+      return launch<TU, __half>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed,
+                                offset);
   }
 }
 
@@ -49,29 +57,30 @@ void run(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, co
   const auto w1c = w1.contiguous(), w2c = w2.contiguous();
   const auto ids = request_ids.has_value() ? request_ids->contiguous() : at::Tensor();
   switch (u.scalar_type()) {
-    case at::kFloat: return dispatch_w<float>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
-    case at::kBFloat16: return dispatch_w<__nv_bfloat16>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
-    default: return dispatch_w<__half>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+    case at::kFloat:
+      return dispatch_w<float>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+    case at::kBFloat16:
+      return dispatch_w<__nv_bfloat16>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+    default:
+      return dispatch_w<__half>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
   }
 }
 
 void check_sizes(const char* op, int64_t R, int64_t V) {
-  TORCH_CHECK_VALUE(R <= 65535 * kernels::kMarkovChunk, "dspark::", op, ": at most ", 65535 * kernels::kMarkovChunk,
-                    " requests on CUDA, got ", R);
-  TORCH_CHECK_VALUE((V + kSumLanes - 1) / kSumLanes <= 65535, "dspark::", op, ": vocabulary too large for CUDA (",
-                    V, ")");
+  TORCH_CHECK_VALUE(R <= 65535 * kernels::kMarkovChunk, "dspark::", op, ": at most ",
+                    65535 * kernels::kMarkovChunk, " requests on CUDA, got ", R);
+  TORCH_CHECK_VALUE((V + kSumLanes - 1) / kSumLanes <= 65535, "dspark::", op,
+                    ": vocabulary too large for CUDA (", V, ")");
 }
 
 }  // namespace
 
 // base_logits [R, g, V], anchor [R] i64, w1/w2 [V, r], temperature [R] f32 (cuda)
 //   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32
-std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cuda(const at::Tensor& base_logits,
-                                                                  const at::Tensor& anchor, const at::Tensor& w1,
-                                                                  const at::Tensor& w2,
-                                                                  const at::Tensor& temperature, int64_t seed,
-                                                                  int64_t offset,
-                                                                  const c10::optional<at::Tensor>& request_ids) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cuda(
+    const at::Tensor& base_logits, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
+    const at::Tensor& temperature, int64_t seed, int64_t offset,
+    const c10::optional<at::Tensor>& request_ids) {
   check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
   const c10::cuda::CUDAGuard guard(base_logits.device());
   const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2), rank = w1.size(1);
@@ -81,7 +90,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cuda(const at::Tens
   auto z = at::empty({R, G, V}, opts);
   auto tokens = at::empty({R, G}, opts.dtype(at::kLong));
   auto prev_emb = at::empty({R, G, rank}, opts);
-  if (R > 0 && G > 0 && V > 0) run(u, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb, seed, offset);
+  if (R > 0 && G > 0 && V > 0)
+    run(u, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb, seed, offset);
   return {tokens, z, prev_emb};
 }
 
@@ -93,7 +103,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_from_hidden_cuda(
     const c10::optional<at::Tensor>& request_ids) {
   check_markov_from_hidden_args(hidden, lm_head, anchor, w1, w2, temperature, request_ids);
   const c10::cuda::CUDAGuard guard(hidden.device());
-  const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), V = lm_head.size(0), rank = w1.size(1);
+  const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), V = lm_head.size(0),
+                rank = w1.size(1);
   check_sizes("markov_sample_from_hidden", R, V);
   auto opts = hidden.options().dtype(at::kFloat);
   auto z = at::empty({R, G, V}, opts);

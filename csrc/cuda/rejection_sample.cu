@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA rejection_sample (kernel: include/dspark/kernels/rejection_sample.cuh). Value checks that read data
-// (verify_len range, qo_indptr consistency, temperatures, token ranges, NaN logits) are CPU-only: on CUDA they
-// would sync with the host; the kernel trusts them.
+// (verify_len range, qo_indptr consistency, temperatures, token ranges, NaN logits) are CPU-only: on CUDA
+// they would sync with the host; the kernel trusts them.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -33,7 +33,9 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const auto zl = draft_logits.contiguous();
   const auto dt = draft_tokens.contiguous();
   const auto qo = qo_indptr.contiguous(), vl = verify_len.contiguous(), tt = temperature.contiguous();
-  auto opt = [](const c10::optional<at::Tensor>& t) { return t.has_value() ? t->contiguous() : at::Tensor(); };
+  auto opt = [](const c10::optional<at::Tensor>& t) {
+    return t.has_value() ? t->contiguous() : at::Tensor();
+  };
   const auto ids = opt(request_ids), tk = opt(top_k), tp = opt(top_p), pen = opt(repetition_penalty);
   const auto ptok = opt(penalty_tokens), pptr = opt(penalty_indptr);
   auto ws = at::empty({2, R, V}, zl.options());
@@ -60,13 +62,18 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   cudaError_t status;
   switch (tl.scalar_type()) {
-    case at::kFloat: status = kernels::RejectionSample<float>(tl.data_ptr<float>(), p, R, stream); break;
-    case at::kBFloat16:
-      status = kernels::RejectionSample<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, stream);
+    case at::kFloat:
+      status = kernels::RejectionSample<float>(tl.data_ptr<float>(), p, R, stream);
       break;
-    default: status = kernels::RejectionSample<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, stream);
+    case at::kBFloat16:
+      status = kernels::RejectionSample<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()),
+                                                       p, R, stream);
+      break;
+    default:
+      status = kernels::RejectionSample<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, stream);
   }
-  TORCH_CHECK(status == cudaSuccess, "dspark::rejection_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
+  TORCH_CHECK(status == cudaSuccess,
+              "dspark::rejection_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
   return {accepted, out};
 }
 

@@ -40,7 +40,7 @@ DSPARK_HD float exp_exact(float x) {
   const float n = rint_f(mul_rn(x, 1.44269502f));  // round(x / ln2)
   // ln2 = hi + lo with hi's low mantissa bits zero: n * hi is exact for |n| < 256, x - n*hi is exact.
   const float r = add_rn(add_rn(x, -mul_rn(n, 0.693145752f)), -mul_rn(n, 1.42860677e-06f));
-  float p = 1.98412698e-04f;                 // 1/7!
+  float p = 1.98412698e-04f;                  // 1/7!
   p = add_rn(mul_rn(p, r), 1.38888889e-03f);  // 1/6!
   p = add_rn(mul_rn(p, r), 8.33333377e-03f);  // 1/5!
   p = add_rn(mul_rn(p, r), 4.16666679e-02f);  // 1/4!
@@ -51,16 +51,19 @@ DSPARK_HD float exp_exact(float x) {
   const int ni = static_cast<int>(n);
   if (ni > 127) return mul_rn(mul_rn(p, bits_as_float(static_cast<uint32_t>(ni - 1 + 127) << 23)), 2.0f);
   if (ni >= -126) return mul_rn(p, bits_as_float(static_cast<uint32_t>(ni + 127) << 23));
-  return mul_rn(mul_rn(p, bits_as_float(static_cast<uint32_t>(ni + 64 + 127) << 23)), 5.42101086e-20f);  // 2^-64
+  return mul_rn(mul_rn(p, bits_as_float(static_cast<uint32_t>(ni + 64 + 127) << 23)),
+                5.42101086e-20f);  // 2^-64
 }
 
 // log(x) for x > 0 including subnormals (log_exact needs a normal input).
 DSPARK_HD float log_positive(float x) {
-  if (x < 1.17549435e-38f) return add_rn(log_exact(mul_rn(x, 1.84467441e+19f)), -44.3614196f);  // 2^64, 64 ln2
+  if (x < 1.17549435e-38f)
+    return add_rn(log_exact(mul_rn(x, 1.84467441e+19f)), -44.3614196f);  // 2^64, 64 ln2
   return log_exact(x);
 }
 
-// Monotone float -> uint32 (total order of non-NaN floats; -0 and +0 map to adjacent keys, compare as 0 below).
+// Monotone float -> uint32 (total order of non-NaN floats; -0 and +0 map to adjacent keys, compare as 0
+// below).
 DSPARK_HD uint32_t ordered_key(float x) {
   const uint32_t b = float_as_bits(x);
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
@@ -89,7 +92,8 @@ DSPARK_HD float markov_dot(const TW* w, const float* e, int64_t r) {
     for (int l = 0; l < 8; ++l) a[l] = add_rn(a[l], mul_rn(static_cast<float>(w[j + l]), e[j + l]));
   }
   for (int l = 0; j + l < r; ++l) a[l] = add_rn(a[l], mul_rn(static_cast<float>(w[j + l]), e[j + l]));
-  return add_rn(add_rn(add_rn(a[0], a[1]), add_rn(a[2], a[3])), add_rn(add_rn(a[4], a[5]), add_rn(a[6], a[7])));
+  return add_rn(add_rn(add_rn(a[0], a[1]), add_rn(a[2], a[3])),
+                add_rn(add_rn(a[4], a[5]), add_rn(a[6], a[7])));
 }
 
 // Gumbel-max key of a draft token: z / T + g (T > 0), or z itself for greedy rows.

@@ -23,9 +23,10 @@ template <typename TU, typename TW>
 __global__ void __launch_bounds__(kSumLanes)
     MarkovStepKernel(const TU* __restrict__ u, const int64_t* __restrict__ anchor, const TW* __restrict__ w1,
                      const TW* __restrict__ w2, const float* __restrict__ temperature,
-                     const int64_t* __restrict__ request_ids, int64_t* __restrict__ tokens, float* __restrict__ z,
-                     float* __restrict__ prev_emb, float* __restrict__ part_key, int64_t* __restrict__ part_idx,
-                     int64_t R, int64_t G, int64_t V, int64_t rank, int64_t k, uint64_t seed, uint64_t offset) {
+                     const int64_t* __restrict__ request_ids, int64_t* __restrict__ tokens,
+                     float* __restrict__ z, float* __restrict__ prev_emb, float* __restrict__ part_key,
+                     int64_t* __restrict__ part_idx, int64_t R, int64_t G, int64_t V, int64_t rank, int64_t k,
+                     uint64_t seed, uint64_t offset) {
   extern __shared__ float s_e[];  // [kMarkovChunk][rank]
   __shared__ BlockScratch scratch;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMarkovChunk;
@@ -70,8 +71,8 @@ __global__ void __launch_bounds__(kSumLanes)
     KeyIdx mine{-INFINITY, -1};
     if (i < V) {
       const float* a = acc[c];
-      const float bias =
-          add_rn(add_rn(add_rn(a[0], a[1]), add_rn(a[2], a[3])), add_rn(add_rn(a[4], a[5]), add_rn(a[6], a[7])));
+      const float bias = add_rn(add_rn(add_rn(a[0], a[1]), add_rn(a[2], a[3])),
+                                add_rn(add_rn(a[4], a[5]), add_rn(a[6], a[7])));
       const int64_t rk = r * G + k;
       const float zi = add_rn(static_cast<float>(u[rk * V + i]), bias);
       z[rk * V + i] = zi;
@@ -103,25 +104,26 @@ __global__ void __launch_bounds__(kSumLanes)
 // u [R, G, V], anchor [R], w1/w2 [V, rank], temperature [R], request_ids [R] or null
 //   -> tokens [R, G], z [R, G, V] f32, prev_emb [R, G, rank] f32; part_key/part_idx: [R, ceil(V / 256)]
 template <typename TU, typename TW>
-cudaError_t MarkovSample(const TU* u, const int64_t* anchor, const TW* w1, const TW* w2, const float* temperature,
-                         const int64_t* request_ids, int64_t* tokens, float* z, float* prev_emb, float* part_key,
-                         int64_t* part_idx, int64_t R, int64_t G, int64_t V, int64_t rank, uint64_t seed,
-                         uint64_t offset, cudaStream_t stream) {
+cudaError_t MarkovSample(const TU* u, const int64_t* anchor, const TW* w1, const TW* w2,
+                         const float* temperature, const int64_t* request_ids, int64_t* tokens, float* z,
+                         float* prev_emb, float* part_key, int64_t* part_idx, int64_t R, int64_t G, int64_t V,
+                         int64_t rank, uint64_t seed, uint64_t offset, cudaStream_t stream) {
   if (R <= 0 || G <= 0 || V <= 0) return cudaSuccess;
   const int64_t n_tiles = (V + kSumLanes - 1) / kSumLanes;
-  const dim3 grid(static_cast<unsigned>((R + kMarkovChunk - 1) / kMarkovChunk), static_cast<unsigned>(n_tiles));
+  const dim3 grid(static_cast<unsigned>((R + kMarkovChunk - 1) / kMarkovChunk),
+                  static_cast<unsigned>(n_tiles));
   const size_t smem = static_cast<size_t>(kMarkovChunk) * static_cast<size_t>(rank) * sizeof(float);
   if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(MarkovStepKernel<TU, TW>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    const cudaError_t e = cudaFuncSetAttribute(
+        MarkovStepKernel<TU, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
   for (int64_t k = 0; k < G; ++k) {
-    MarkovStepKernel<TU, TW><<<grid, kSumLanes, smem, stream>>>(u, anchor, w1, w2, temperature, request_ids, tokens,
-                                                                z, prev_emb, part_key, part_idx, R, G, V, rank, k,
-                                                                seed, offset);
-    MarkovReduceKernel<<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(part_key, part_idx, tokens, n_tiles, G,
-                                                                           k);
+    MarkovStepKernel<TU, TW><<<grid, kSumLanes, smem, stream>>>(u, anchor, w1, w2, temperature, request_ids,
+                                                                tokens, z, prev_emb, part_key, part_idx, R, G,
+                                                                V, rank, k, seed, offset);
+    MarkovReduceKernel<<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(part_key, part_idx, tokens,
+                                                                           n_tiles, G, k);
   }
   return cudaGetLastError();
 }

@@ -2,8 +2,8 @@
 // CUDA rejection_sample: one block of kSumLanes threads per request, walking its verify rows in order and
 // stopping at the first rejection (later rows are never read). Per row the block builds the processed target
 // row y (penalty, / T) and p (top-k, top-p by threshold search, fixed-order normalisation) in a global
-// workspace, forms q = softmax(z / T) on the fly, and takes the accept / residual / bonus decision. Every sum,
-// exp, log and tie rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same tokens.
+// workspace, forms q = softmax(z / T) on the fly, and takes the accept / residual / bonus decision. Every
+// sum, exp, log and tie rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same tokens.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -54,14 +54,16 @@ __device__ int64_t BlockGumbelDraw(int64_t V, W wt, uint64_t seed, uint64_t offs
   for (int64_t j = threadIdx.x; j < V; j += kSumLanes) {
     const float x = wt(j);
     if (!(x > 0.0f)) continue;
-    const float key = add_rn(log_positive(x), philox_gumbel(seed, offset, request, position, kPurposeResidual, j));
+    const float key =
+        add_rn(log_positive(x), philox_gumbel(seed, offset, request, position, kPurposeResidual, j));
     mine = BestOf(mine, KeyIdx{key, j});
   }
   return BlockBest(mine, s).idx;
 }
 
 template <typename TL>
-__global__ void __launch_bounds__(kSumLanes) RejectionSampleKernel(const TL* __restrict__ target, RejectionParams a) {
+__global__ void __launch_bounds__(kSumLanes)
+    RejectionSampleKernel(const TL* __restrict__ target, RejectionParams a) {
   __shared__ BlockScratch s;
   const int64_t r = blockIdx.x, V = a.V, G = a.G;
   const int tid = threadIdx.x;
@@ -85,8 +87,10 @@ __global__ void __launch_bounds__(kSumLanes) RejectionSampleKernel(const TL* __r
     for (int64_t j = tid; j < V; j += kSumLanes) y[j] = static_cast<float>(row[j]);
     __syncthreads();
     if (pen != 1.0f) {  // duplicates write the same value
-      for (int64_t j = tid; j < n_pen; j += kSumLanes) y[ptok[j]] = repetition_penalize(static_cast<float>(row[ptok[j]]), pen);
-      for (int64_t j = tid; j < i; j += kSumLanes) y[drafts[j]] = repetition_penalize(static_cast<float>(row[drafts[j]]), pen);
+      for (int64_t j = tid; j < n_pen; j += kSumLanes)
+        y[ptok[j]] = repetition_penalize(static_cast<float>(row[ptok[j]]), pen);
+      for (int64_t j = tid; j < i; j += kSumLanes)
+        y[drafts[j]] = repetition_penalize(static_cast<float>(row[drafts[j]]), pen);
     }
     __syncthreads();
     KeyIdx mine{-INFINITY, -1};
@@ -160,7 +164,8 @@ __global__ void __launch_bounds__(kSumLanes) RejectionSampleKernel(const TL* __r
       ++n_acc;
       continue;
     }
-    int64_t c = BlockGumbelDraw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, a.seed, a.offset, req, pos, s);
+    int64_t c =
+        BlockGumbelDraw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, a.seed, a.offset, req, pos, s);
     if (c < 0) c = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
     if (tid == 0) emit[i] = c;
     break;

@@ -217,7 +217,14 @@ class VanillaMarkovHead(MarkovHead):
         if w1.dtype != base_logits.dtype:
             w1, w2 = w1.to(base_logits.dtype), w2.to(base_logits.dtype)
         tokens, z, prev_emb = dspark.ops.markov_sample(
-            base_logits.contiguous(), anchor.to(torch.int64), w1, w2, t, int(seed), int(offset), ids.to(torch.int64)
+            base_logits.contiguous(),
+            anchor.to(torch.int64),
+            w1,
+            w2,
+            t,
+            int(seed),
+            int(offset),
+            ids.to(torch.int64),
         )
         return MarkovSample(tokens, z, prev_emb.to(self.markov_w1.weight.dtype))
 
