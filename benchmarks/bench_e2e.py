@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dspark import DSparkDecoder, DSparkDrafter  # noqa: E402
 from dspark.cli import load_target  # noqa: E402
+from dspark.decoding.decoder import chat_token_ids  # noqa: E402
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts" / "humaneval.jsonl"
 
@@ -93,10 +94,7 @@ def main() -> None:
     else:
         drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, tokenizer=tok)
     texts = read_prompts(args.prompts, args.n)
-    prompts = [
-        tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts
-    ]
-    prompts = [p["input_ids"] if isinstance(p, dict) else list(p) for p in prompts]
+    prompts = [chat_token_ids(tok, t) for t in texts]
     rows = []
     for batch in args.batch:
         n_hf, s_hf = hf_generate(target, tok, prompts, args.max_new_tokens, batch)

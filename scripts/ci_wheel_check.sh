@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `pip wheel --no-build-isolation .` makes a wheel that installs into a fresh venv holding the same torch, and
+# `pip wheel --no-build-isolation .` (reusing the editable build directory, so only changed files recompile) makes a wheel that installs into a fresh venv holding the same torch, and
 # a plain `pip install .` (build isolation) stops at once with a message that explains --no-build-isolation.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,7 +9,7 @@ TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-"$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheels" . -Cbuild-dir="$WORK/build" >"$WORK/wheel.log" 2>&1 \
+"$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheels" . >"$WORK/wheel.log" 2>&1 \
   || { tail -40 "$WORK/wheel.log"; exit 1; }
 ls "$WORK"/wheels/dspark-*.whl
 

@@ -76,6 +76,15 @@ class _Request:
         return self.stop.generated
 
 
+def chat_token_ids(tokenizer: Any, prompt: str | list[dict]) -> list[int]:
+    """Token ids of a user message (a string) or a chat, through the tokenizer's chat template."""
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
 def _load_sts(sts: Any, gamma: int) -> Tensor | None:
     if sts is None:
         return None
@@ -295,10 +304,7 @@ class DSparkDecoder:
             if isinstance(p, (str, list)) and (isinstance(p, str) or (p and isinstance(p[0], dict))):
                 if self.tokenizer is None:
                     raise ValueError(f"prompts[{i}]: text or chat prompts need the decoder's tokenizer")
-                msgs = [{"role": "user", "content": p}] if isinstance(p, str) else p
-                p = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-                if isinstance(p, dict) or hasattr(p, "input_ids"):
-                    p = p["input_ids"]
+                p = chat_token_ids(self.tokenizer, p)
             p = [int(t) for t in p]
             if not p:
                 raise ValueError(f"prompts[{i}]: the prompt is empty")
