@@ -108,25 +108,22 @@ class DSparkDrafter(nn.Module):
             self._shared["lm_head"] = head
             self._modules.pop("lm_head", None)
 
-    @property
-    def embed_weight(self) -> Tensor:
-        m = self._modules.get("embed_tokens")
-        m = self._shared.get("embed_tokens") if m is None else m
+    def _own_or_shared_weight(self, name: str, what: str) -> Tensor:
+        m = self._modules.get(name)
+        m = self._shared.get(name) if m is None else m
         if m is None:
             raise ValueError(
-                "embed_tokens: the drafter has no embedding (load it with a target to share the target's)"
+                f"{name}: the drafter has no {what} (load it with a target to share the target's)"
             )
         return m.weight
 
     @property
+    def embed_weight(self) -> Tensor:
+        return self._own_or_shared_weight("embed_tokens", "embedding")
+
+    @property
     def lm_head_weight(self) -> Tensor:
-        m = self._modules.get("lm_head")
-        m = self._shared.get("lm_head") if m is None else m
-        if m is None:
-            raise ValueError(
-                "lm_head: the drafter has no LM head (load it with a target to share the target's)"
-            )
-        return m.weight
+        return self._own_or_shared_weight("lm_head", "LM head")
 
     @property
     def shares_embeddings(self) -> dict[str, bool]:
