@@ -146,6 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--block-size", type=int, default=None)
     g.add_argument("--no-speculation", action="store_true", help="plain decoding through the same engine")
     g.set_defaults(fn=_generate)
+    from dspark.training.cli import add_train_parser
+
+    add_train_parser(sub)
+    from dspark.calibration.cli import add_calibrate_parser
+
+    add_calibrate_parser(sub)
+    from dspark.profiling.command import add_profile_parser
+
+    add_profile_parser(sub)
     args = ap.parse_args(argv)
     return args.fn(args)
 

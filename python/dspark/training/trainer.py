@@ -1,0 +1,221 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The drafter training loop: AdamW, warm-up + cosine, clipping, checkpoints, resume, logs, multi-process.
+
+One optimiser step consumes ``batch_seqs`` sequences (gradient accumulation; across ``world_size`` processes the
+sequences are split by rank and gradients all-reduced, the DDP mean). Every ``log_every`` steps a JSON line goes
+to ``<out>/train_log.jsonl`` with the loss terms, the learning rate, DeepSpec's per-position acceptance
+``1 - L1/2`` and the τ estimate ``1 + Σ cumprod(accept)``. Checkpoints are drafter folders (DeepSpec layout,
+embedding / LM head not stored when shared with the target) plus ``trainer_state.pt`` for resuming.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dspark.models.drafter import DSparkDrafter
+from dspark.training.features import FeatureCache
+from dspark.training.objective import LossWeights, block_loss, cosine_lr, sample_anchors, tau_estimate
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of :func:`train` (DeepSpec's recipe where it applies; sizes scaled for small targets)."""
+
+    steps: int = 1000
+    batch_seqs: int = 4
+    num_anchors: int = 64
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    bf16: bool = False
+    seed: int = 42
+    log_every: int = 10
+    save_every: int = 200
+    weights: LossWeights = field(default_factory=LossWeights)
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def trainable_parameters(drafter: DSparkDrafter) -> list[torch.nn.Parameter]:
+    """The drafter's own parameters (aliased target embedding / LM head are not registered, hence excluded)."""
+    return [p for p in drafter.parameters() if p.requires_grad]
+
+
+def save_checkpoint(drafter: DSparkDrafter, opt, step: int, cfg: TrainConfig, path: Path) -> None:
+    """Drafter folder + optimiser state, written to a temporary folder then renamed (never half-written)."""
+    tmp = path.with_name(path.name + ".tmp")
+    drafter.save_pretrained(tmp, include_embeddings=False)
+    torch.save({"step": step, "optimizer": opt.state_dict(), "config": asdict(cfg)}, tmp / "trainer_state.pt")
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(path)
+    tmp.replace(path)
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """``out_dir/checkpoint-<step>`` with the highest step, or None."""
+    best, best_step = None, -1
+    for p in out_dir.glob("checkpoint-*"):
+        if p.suffix == ".tmp" or not (p / "trainer_state.pt").is_file():
+            continue
+        try:
+            s = int(p.name.split("-")[1])
+        except ValueError:
+            continue
+        if s > best_step:
+            best, best_step = p, s
+    return best
+
+
+def _load_weights(drafter: DSparkDrafter, ckpt: Path) -> None:
+    from dspark.models.checkpoint import read_tensors
+
+    tensors = read_tensors(ckpt)
+    own = drafter.state_dict()
+    missing = [k for k in own if k not in tensors]
+    if missing:
+        raise ValueError(f"resume: {ckpt} lacks {missing[:5]} (a checkpoint of a different drafter?)")
+    drafter.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own}, strict=True)
+
+
+def train(
+    drafter: DSparkDrafter,
+    cache: FeatureCache,
+    cfg: TrainConfig,
+    out_dir: str | os.PathLike,
+    *,
+    indices: list[int] | None = None,
+    resume: bool = True,
+    progress: bool = True,
+) -> list[dict]:
+    """Train ``drafter`` on the sequences ``indices`` of ``cache`` (all by default); returns the log rows.
+
+    The target's embedding / LM head stay frozen (aliased, not trained). Resumes from the newest
+    ``checkpoint-*`` in ``out_dir`` when ``resume``. Deterministic for a given seed, world size and data.
+    """
+    from tqdm.auto import tqdm
+
+    rank, world = _rank_world()
+    out = Path(out_dir)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    if cfg.batch_seqs % world:
+        raise ValueError(f"batch_seqs: {cfg.batch_seqs} must be a multiple of the world size {world}")
+    idx = list(range(len(cache))) if indices is None else list(indices)
+    if not idx:
+        raise ValueError("indices: no training sequences")
+    params = trainable_parameters(drafter)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay)
+    start = 0
+    if resume and (ck := latest_checkpoint(out)) is not None:
+        _load_weights(drafter, ck)
+        state = torch.load(ck / "trainer_state.pt", weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+    gen = torch.Generator().manual_seed(cfg.seed)
+    # the sample order is a pure function of (seed, step): a resumed run sees the same data as an unbroken one
+    per_step = cfg.batch_seqs
+    epoch_len = len(idx)
+
+    def batch_for(step: int) -> list[int]:
+        first = step * per_step
+        out_ids = []
+        for k in range(first, first + per_step):
+            ep, pos = divmod(k, epoch_len)
+            perm = torch.randperm(epoch_len, generator=torch.Generator().manual_seed(cfg.seed + ep)).tolist()
+            out_ids.append(idx[perm[pos]])
+        return out_ids
+
+    logs: list[dict] = []
+    log_path = out / "train_log.jsonl"
+    drafter.train()
+    bar = tqdm(
+        total=cfg.steps, initial=start, desc="training", unit="step", disable=not progress or rank != 0
+    )
+    t_last = time.perf_counter()
+    acc_sum = torch.zeros(drafter.config.block_size, dtype=torch.float64)
+    cnt_sum = torch.zeros(drafter.config.block_size, dtype=torch.float64)
+    terms = torch.zeros(4, dtype=torch.float64)  # loss, ce, l1, bce
+    for step in range(start, cfg.steps):
+        lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup_ratio)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        mine = batch_for(step)[rank::world]
+        for i in mine:
+            s = cache[i]
+            gen.manual_seed(cfg.seed * 1_000_003 + step * 131 + i)
+            anchors = sample_anchors(s.loss_mask, cfg.num_anchors, gen)
+            if anchors.numel() == 0:
+                continue
+            with torch.autocast(
+                "cpu", dtype=torch.bfloat16, enabled=cfg.bf16 and drafter.device.type == "cpu"
+            ):
+                lo = block_loss(
+                    drafter, s.features, s.last_hidden, s.input_ids, s.loss_mask, anchors, cfg.weights
+                )
+            (lo.loss / cfg.batch_seqs).backward()
+            terms += torch.tensor(
+                [float(lo.loss.detach()), float(lo.ce), float(lo.l1), float(lo.bce)], dtype=torch.float64
+            )
+            acc_sum += lo.accept.double().cpu() * lo.counted.double().cpu()
+            cnt_sum += lo.counted.double().cpu()
+        if world > 1:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        bar.update(1)
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            stats = torch.cat([terms, acc_sum, cnt_sum])
+            if world > 1:
+                dist.all_reduce(stats)
+            g = drafter.config.block_size
+            terms_g, acc_g, cnt_g = stats[:4], stats[4 : 4 + g], stats[4 + g :]
+            n_seq = cfg.log_every * cfg.batch_seqs
+            accept = acc_g / cnt_g.clamp_min(1)
+            now = time.perf_counter()
+            row = {
+                "step": done,
+                "lr": lr,
+                "loss": float(terms_g[0]) / n_seq,
+                "ce": float(terms_g[1]) / n_seq,
+                "l1": float(terms_g[2]) / n_seq,
+                "bce": float(terms_g[3]) / n_seq,
+                "grad_norm": float(gnorm),
+                "accept": [round(float(a), 4) for a in accept],
+                "tau_estimate": tau_estimate(accept),
+                "sec_per_step": (now - t_last) / cfg.log_every,
+            }
+            t_last = now
+            logs.append(row)
+            terms.zero_()
+            acc_sum.zero_()
+            cnt_sum.zero_()
+            if rank == 0:
+                with open(log_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
+                bar.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row['tau_estimate']:.2f}")
+        if rank == 0 and (done % cfg.save_every == 0 or done == cfg.steps):
+            save_checkpoint(drafter, opt, done, cfg, out / f"checkpoint-{done}")
+        if world > 1:
+            dist.barrier()
+    bar.close()
+    drafter.eval()
+    return logs

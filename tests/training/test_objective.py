@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The training forward equals serving's draft forward; the loss terms equal a direct per-slot computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dspark.training.features import target_features
+from dspark.training.objective import (
+    LossWeights,
+    block_hidden,
+    block_loss,
+    cosine_lr,
+    sample_anchors,
+    tau_estimate,
+)
+from tests.decoding.toy_models import random_drafter, tiny_target
+
+
+@pytest.fixture(scope="module")
+def pair():
+    t = tiny_target("llama", vocab=96, layers=4)
+    for p in t.parameters():
+        p.requires_grad_(False)
+    d = random_drafter(t, block_size=4, markov_rank=8)
+    return t, d
+
+
+def _seq(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 90, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_block_hidden_equals_serving_draft(pair):
+    t, d = pair
+    ids = _seq(30)
+    feats, _ = target_features(t, ids, d.config.target_layer_ids)
+    anchors = torch.tensor([0, 5, 17, 29])
+    h_train = block_hidden(d, feats, ids, anchors)
+    for i, a in enumerate(anchors.tolist()):
+        d.finish_all()
+        rid = 100 + i
+        d.append_context([rid], [feats[:a]])
+        out = d.draft([rid], ids[a : a + 1], temperature=0.0)
+        torch.testing.assert_close(h_train[i], out.hidden[0], atol=2e-5, rtol=1e-5)
+    d.finish_all()
+
+
+def test_target_features_match_hf_hidden_states(pair):
+    t, d = pair
+    ids = _seq(12, seed=3)
+    feats, last = target_features(t, ids, d.config.target_layer_ids)
+    out = t(input_ids=ids.view(1, -1), output_hidden_states=True)
+    ref = torch.cat([out.hidden_states[i + 1][0] for i in d.config.target_layer_ids], -1)
+    torch.testing.assert_close(feats, ref)
+    torch.testing.assert_close(F.linear(last, t.lm_head.weight), out.logits[0], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_loss_terms_match_direct_computation(pair):
+    t, d = pair
+    S, g = 20, d.config.block_size
+    ids = _seq(S, seed=1)
+    mask = torch.zeros(S, dtype=torch.bool)
+    mask[6:] = True
+    feats, last = target_features(t, ids, d.config.target_layer_ids)
+    anchors = torch.tensor([6, 10, 16])  # anchor 16: slots past S-1 are not counted
+    w = LossWeights()
+    lo = block_loss(d, feats, last, ids, mask, anchors, w)
+    with torch.no_grad():
+        hidden = block_hidden(d, feats, ids, anchors)
+    W = t.lm_head.weight
+    num = {"ce": 0.0, "l1": 0.0, "bce": 0.0}
+    den = 0.0
+    for i, a in enumerate(anchors.tolist()):
+        prev = int(ids[a])
+        for j in range(g):
+            lab = a + 1 + j
+            if lab >= S:
+                break
+            u = (hidden[i, j] @ W.T).detach()
+            e = d.markov_head.markov_w1.weight[prev]
+            z = u + d.markov_head.markov_w2.weight @ e
+            q = torch.softmax(z, -1)
+            p = torch.softmax(last[a + j] @ W.T, -1)
+            l1 = float((q - p).abs().sum())
+            ce = -float(torch.log(q[ids[lab]]))
+            c = float(d.confidence_head.proj(torch.cat([hidden[i, j], e]))[0])
+            y = min(max(1 - 0.5 * l1, 0.0), 1.0)
+            bce = -(y * math.log(1 / (1 + math.exp(-c))) + (1 - y) * math.log(1 - 1 / (1 + math.exp(-c))))
+            wj = math.exp(-j / w.decay)
+            num["ce"] += wj * ce
+            num["l1"] += wj * l1
+            num["bce"] += wj * bce
+            den += wj
+            prev = int(ids[lab])
+    for k in num:
+        assert getattr(lo, k).item() == pytest.approx(num[k] / den, rel=1e-4), k
+    total = w.ce * num["ce"] / den + w.l1 * num["l1"] / den + w.conf * num["bce"] / den
+    assert lo.loss.item() == pytest.approx(total, rel=1e-4)
+    assert lo.counted.tolist() == [3, 3, 3, 2]
+
+
+def test_anchor_sampling_respects_mask_and_count():
+    mask = torch.tensor([0, 0, 1, 1, 1, 0, 1, 1, 1, 1], dtype=torch.bool)
+    allowed = {2, 3, 6, 7, 8}
+    got = sample_anchors(mask, 3, torch.Generator().manual_seed(0))
+    assert got.numel() == 3 and set(got.tolist()) <= allowed and got.tolist() == sorted(got.tolist())
+    assert set(sample_anchors(mask, 100).tolist()) == allowed
+    seen = set()
+    for s in range(50):
+        seen |= set(sample_anchors(mask, 2, torch.Generator().manual_seed(s)).tolist())
+    assert seen == allowed  # every candidate can be drawn
+
+
+def test_schedule_and_tau():
+    total, base = 100, 1.0
+    lrs = [cosine_lr(s, total, base, 0.04) for s in range(total)]
+    assert lrs[0] == pytest.approx(0.25) and lrs[3] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[3:], lrs[4:], strict=False))
+    assert lrs[-1] < 0.01
+    assert tau_estimate(torch.tensor([1.0, 1.0, 0.0])) == pytest.approx(3.0)
+    assert tau_estimate(torch.tensor([0.5, 0.5])) == pytest.approx(1.75)
+
+
+def test_dflash_ablation_has_no_markov_or_confidence_terms():
+    t = tiny_target("llama", vocab=96, layers=4)
+    d = random_drafter(t, block_size=4, markov_rank=0)
+    assert d.markov_head is None and d.confidence_head is None
+    ids = _seq(16)
+    mask = torch.ones(16, dtype=torch.bool)
+    feats, last = target_features(t, ids, d.config.target_layer_ids)
+    lo = block_loss(d, feats, last, ids, mask, torch.tensor([2, 7]))
+    assert lo.bce.item() == 0.0 and lo.conf_pred is None
+    assert lo.loss.item() == pytest.approx(0.1 * lo.ce.item() + 0.9 * lo.l1.item(), rel=1e-5)

@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Feature cache, training loop (learning, resume = unbroken run), and two-process gloo training."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from dspark.models.drafter import DSparkDrafter
+from dspark.training.features import FeatureCache, target_features
+from dspark.training.trainer import TrainConfig, latest_checkpoint, train
+from tests.decoding.toy_models import random_drafter, tiny_target
+
+
+def _rows(n: int, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        p = torch.randint(0, 90, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+        # a repetitive response, so that the drafter has something learnable
+        base = torch.randint(0, 90, (3,), generator=g).tolist()
+        r = (base * 8)[: int(torch.randint(12, 24, (1,), generator=g))]
+        rows.append({"id": f"t:{i}", "prompt_ids": p, "response_ids": r, "finish": "length"})
+    return rows
+
+
+def _setup(tmp_path, rank=8):
+    t = tiny_target("llama", vocab=96, layers=4)
+    for p in t.parameters():
+        p.requires_grad_(False)
+    d = random_drafter(t, block_size=4, markov_rank=rank)
+    cache = FeatureCache.build(
+        t, _rows(12), d.config.target_layer_ids, tmp_path / "feats", shard_size=5, progress=False
+    )
+    return t, d, cache
+
+
+def test_feature_cache_round_trip_and_resume(tmp_path):
+    t, d, cache = _setup(tmp_path)
+    assert len(cache) == 12 and len(cache.index["shards"]) == 3
+    rows = _rows(12)
+    s = cache[7]
+    ids = rows[7]["prompt_ids"] + rows[7]["response_ids"]
+    assert s.input_ids.tolist() == ids
+    assert s.loss_mask.tolist() == [False] * len(rows[7]["prompt_ids"]) + [True] * len(
+        rows[7]["response_ids"]
+    )
+    f, last = target_features(t, ids, d.config.target_layer_ids)
+    torch.testing.assert_close(s.features.float(), f, atol=0.05, rtol=0.02)  # bf16 storage
+    torch.testing.assert_close(s.last_hidden.float(), last, atol=0.05, rtol=0.02)
+    # building again with more rows only adds the new ones
+    more = _rows(15)
+    cache2 = FeatureCache.build(
+        t, more, d.config.target_layer_ids, tmp_path / "feats", shard_size=5, progress=False
+    )
+    assert len(cache2) == 15 and len(cache2.index["shards"]) == 4
+    with pytest.raises(ValueError, match="layers"):
+        FeatureCache.build(t, more, [0], tmp_path / "feats", progress=False)
+
+
+def test_training_lowers_loss_and_resume_matches_unbroken_run(tmp_path):
+    t, d, cache = _setup(tmp_path)
+    init = {k: v.clone() for k, v in d.state_dict().items()}
+    cfg = TrainConfig(steps=12, batch_seqs=2, num_anchors=8, lr=3e-3, log_every=3, save_every=6)
+    logs = train(d, cache, cfg, tmp_path / "run_a", progress=False)
+    assert logs[-1]["loss"] < logs[0]["loss"]
+    assert logs[-1]["tau_estimate"] > logs[0]["tau_estimate"]
+    final_a = {k: v.clone() for k, v in d.state_dict().items()}
+    # a run stopped at step 6 then resumed gives the same weights as the unbroken run
+    d.load_state_dict(init)
+    train(d, cache, cfg, tmp_path / "run_b", progress=False)
+    shutil.rmtree(tmp_path / "run_b" / "checkpoint-12")  # as if it had stopped after step 6
+    assert latest_checkpoint(tmp_path / "run_b").name == "checkpoint-6"
+    d.load_state_dict(init)  # resume must restore the weights itself
+    train(d, cache, cfg, tmp_path / "run_b", progress=False)
+    for k, v in d.state_dict().items():
+        torch.testing.assert_close(v, final_a[k], msg=k)
+    # the checkpoint loads as a drafter that shares the target's embedding / LM head
+    ck = latest_checkpoint(tmp_path / "run_b")
+    loaded = DSparkDrafter.from_pretrained(ck, target=t)
+    for k, v in loaded.state_dict().items():
+        torch.testing.assert_close(v, final_a[k], msg=k)
+    lines = [json.loads(x) for x in (tmp_path / "run_a" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [3, 6, 9, 12] and len(lines[0]["accept"]) == 4
+
+
+def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        t = tiny_target("llama", vocab=96, layers=4)
+        for p in t.parameters():
+            p.requires_grad_(False)
+        d = random_drafter(t, block_size=4, markov_rank=8)
+        cache = FeatureCache(os.path.join(tmp, "feats"))
+        cfg = TrainConfig(steps=4, batch_seqs=2, num_anchors=8, lr=3e-3, log_every=2, save_every=100)
+        train(d, cache, cfg, os.path.join(tmp, "ddp"), progress=False)
+        torch.save(d.state_dict(), os.path.join(tmp, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_process_gloo_equals_single_process(tmp_path):
+    t, d, cache = _setup(tmp_path)
+    cfg = TrainConfig(steps=4, batch_seqs=2, num_anchors=8, lr=3e-3, log_every=2, save_every=100)
+    train(d, cache, cfg, tmp_path / "single", progress=False)
+    single = d.state_dict()
+    ctx = mp.get_context("spawn")
+    port = 29500 + os.getpid() % 1000
+    procs = [ctx.Process(target=_ddp_worker, args=(r, 2, str(tmp_path), port)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for k, v in single.items():
+        torch.testing.assert_close(got[0][k], got[1][k], msg=k)  # ranks agree
+        torch.testing.assert_close(got[0][k], v, atol=1e-5, rtol=1e-4, msg=k)  # = one process, same batches
