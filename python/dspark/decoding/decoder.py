@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,46 @@ class GenerateOutput:
     texts: list[str] | None
     finish_reasons: list[str]
     stats: DSparkStats
+
+
+@dataclass
+class RoundRecord:
+    """What one speculative round drafted, verified and accepted (passed to ``round_observer``).
+
+    R requests, γ drafts, V vocab. The tensors are the decoder's own (do not modify them).
+
+    Attributes
+    ----------
+    request_ids : list of int
+        Each row's request id (its position in the ``generate`` call).
+    conf_logit : Tensor or None
+        ``(R, γ)`` float32 raw confidence logits (before STS); None without a confidence head.
+    draft_tokens : Tensor
+        ``(R, γ)`` int64 drafts.
+    draft_logits : Tensor
+        ``(R, γ, V)`` float32 Markov-corrected draft logits (``q = softmax(z / T)``).
+    target_logits : Tensor
+        ``(sum(verify_len), V)`` target logits of the packed verify rows, before any sampling processor.
+    qo_indptr : list of int
+        ``R + 1`` offsets of each request's rows in ``target_logits`` (row ``k`` of request ``r`` scores draft
+        ``k``; row ``verify_len[r] - 1`` is the bonus row).
+    verify_len : Tensor
+        ``(R,)`` int32 verified rows per request (anchor + admitted drafts).
+    accepted : Tensor
+        ``(R,)`` int32 accepted drafts per request.
+    temperature : float
+        Sampling temperature of the round (0 = greedy).
+    """
+
+    request_ids: list[int]
+    conf_logit: Tensor | None
+    draft_tokens: Tensor
+    draft_logits: Tensor
+    target_logits: Tensor
+    qo_indptr: list[int]
+    verify_len: Tensor
+    accepted: Tensor
+    temperature: float
 
 
 @dataclass(eq=False)  # identity comparison: requests are compared in list operations
@@ -130,6 +170,9 @@ class DSparkDecoder:
         Needed for string prompts, chat messages, stop strings and decoded text.
     max_kv_pages : int or None
         Cap on the target's KV pool; when it runs out the newest request is preempted and resumed later.
+    round_observer : callable or None
+        Called with a :class:`RoundRecord` after every speculative round (calibration data collection); may be
+        set or cleared later through the attribute of the same name.
     """
 
     def __init__(
@@ -146,6 +189,7 @@ class DSparkDecoder:
         threshold: float = 0.0,
         lag: int = 1,
         max_kv_pages: int | None = None,
+        round_observer: Callable[[RoundRecord], None] | None = None,
     ) -> None:
         validate_pairing(drafter.config, target, tokenizer=tokenizer)
         gamma = drafter.config.block_size if block_size is None else int(block_size)
@@ -174,6 +218,7 @@ class DSparkDecoder:
         self.stats = DSparkStats(gamma=gamma)
         self._offset = 0
         self.max_positions = getattr(target.config, "max_position_embeddings", None)
+        self.round_observer = round_observer
 
     # ------------------------------------------------------------------ public API
     def close(self) -> None:
@@ -470,7 +515,7 @@ class DSparkDecoder:
         R, g = len(rs), self.gamma
         dev = self.adapter.device
         anchors = torch.tensor([r.anchor for r in rs], dtype=torch.int64)
-        survival = None
+        survival = conf_logit = None
         t0 = time.perf_counter()
         if speculative:
             d = self.drafter.draft(
@@ -484,6 +529,7 @@ class DSparkDecoder:
             stats.add_time("draft", t1 - t0)
             if d.survival is not None:
                 survival = d.survival[:, :g].contiguous()
+                conf_logit = d.conf_logit[:, :g]
                 plan = self.planner.plan(survival, [r.rid for r in rs])
                 verify_len, budget = plan.verify_len.cpu(), int(plan.budget)
             else:  # no confidence head (DFlash): nothing to plan with
@@ -505,6 +551,21 @@ class DSparkDecoder:
         accepted, out_tokens = self._accept(out.logits, out.qo_indptr, q, drafts, verify_len, rs, cfg, seed)
         t0 = time.perf_counter()
         stats.add_time("accept", t0 - t1)
+        if speculative and self.round_observer is not None:
+            self.round_observer(
+                RoundRecord(
+                    [r.index for r in rs],
+                    conf_logit,
+                    drafts,
+                    q,
+                    out.logits,
+                    list(out.qo_indptr),
+                    verify_len,
+                    accepted,
+                    cfg["temperature"],
+                )
+            )
+            t0 = time.perf_counter()  # the observer's time is not the commit's
         acc = accepted.tolist()
         emitted_rows = out_tokens.tolist()
         emitted, cont_ids, cont_rows = [], [], []

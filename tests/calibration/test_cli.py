@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`dspark calibrate` end to end on a tiny random target and drafter (the target loader is replaced)."""
+
+import json
+
+import pytest
+import torch
+
+from dspark import cli
+from dspark.calibration import CalibrationData
+from dspark.decoding.decoder import _load_sts
+from tests.decoding.toy_models import random_drafter, tiny_target
+
+
+class ByteTokenizer:
+    """Characters -> ids modulo a small vocabulary; enough for chat prompts and decoded text."""
+
+    eos_token_id = 0
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return self.vocab
+
+    def apply_chat_template(self, msgs, add_generation_prompt=True, tokenize=True):
+        text = "".join(m["content"] for m in msgs)
+        return [1 + ord(ch) % (self.vocab - 1) for ch in text][:24] or [1]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    target = tiny_target("llama", seed=0)
+    drafter_dir = tmp_path / "drafter"
+    random_drafter(target, block_size=3).save_pretrained(drafter_dir)
+    tok = ByteTokenizer(96)
+    monkeypatch.setattr(cli, "load_target", lambda spec: (target, tok))
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"turns": [f"question number {i}: what is {i} + {i}?", "a later turn"]} for i in range(7)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return drafter_dir, prompts
+
+
+def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
+    drafter_dir, prompts = setup
+    out = tmp_path / "out"
+    argv = ["calibrate", "--target", "tiny", "--drafter", str(drafter_dir), "--prompts", str(prompts)]
+    argv += ["--skip", "1", "--limit", "5", "--max-new-tokens", "8", "--temperature", "1.0"]
+    argv += ["--out", str(out)]
+    assert cli.main(argv + ["--save-data"]) == 0
+    printed = capsys.readouterr().out
+    assert "ECE" in printed and "AUROC" in printed and "Brier" in printed and "->" in printed
+    sts = json.loads((out / "sts.json").read_text())
+    assert len(sts["temperatures"]) == 3 and all(t > 0 for t in sts["temperatures"])
+    assert {"dataset", "num_samples", "ece_before", "ece_after", "auroc_after", "brier_after"} <= sts.keys()
+    assert sts["dataset"] == str(prompts) and sts["label"] == "prob"
+    assert all(a <= b + 1e-12 for a, b in zip(sts["ece_after"], sts["ece_before"], strict=True))
+    # the decoder loads what calibrate writes
+    torch.testing.assert_close(_load_sts(out / "sts.json", 3), torch.tensor(sts["temperatures"]))
+    metrics = json.loads((out / "calibration_metrics.json").read_text())
+    assert metrics["gamma"] == 3 and metrics["num_samples"] == sts["num_samples"] > 0
+    assert len(metrics["before"]["ece"]) == len(metrics["after"]["auroc"]) == 3
+    png = (out / "reliability.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+    data = CalibrationData.load(out / "calibration_data.pt")
+    assert data.num_samples == sts["num_samples"]
+    assert set(data.request_ids.tolist()) == set(range(5))  # --skip 1 --limit 5 -> five prompts
+
+    # refit from the saved rows: the same temperatures come back
+    out2 = tmp_path / "refit"
+    assert cli.main(["calibrate", "--data", str(out / "calibration_data.pt"), "--out", str(out2)]) == 0
+    assert json.loads((out2 / "sts.json").read_text())["temperatures"] == sts["temperatures"]
+
+
+def test_calibrate_greedy_label_and_missing_arguments(setup, tmp_path, capsys):
+    drafter_dir, prompts = setup
+    out = tmp_path / "g"
+    argv = ["calibrate", "--target", "tiny", "--drafter", str(drafter_dir), "--prompts", str(prompts)]
+    argv += ["--limit", "2", "--max-new-tokens", "6", "--label", "greedy", "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert json.loads((out / "sts.json").read_text())["label"] == "greedy"
+    assert cli.main(["calibrate", "--out", str(tmp_path / "x")]) == 2
+    assert "--target" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--prompts"):
+        cli.main(argv[:-2] + ["--skip", "100", "--out", str(out)])
