@@ -10,11 +10,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
+
+if TYPE_CHECKING:
+    from dspark.profiling.table import CostTable
 
 logger = logging.getLogger("dspark.planner")
 
@@ -70,27 +74,40 @@ class SpsTable:
         return cls((1,), (1.0,), max(1, int(max_batch_tokens)))
 
     @classmethod
-    def from_dict(cls, d: dict) -> SpsTable:
+    def from_dict(cls, d: dict, source: str = "SpsTable") -> SpsTable:
+        """Parse SGLang's 1-D SPS object, or dspark's cost table (turned into its 1-D curve).
+
+        ``source`` (e.g. the file name) starts every error message.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: must hold a JSON object")
+        if _is_cost_table(d):
+            from dspark.profiling.table import CostTable
+
+            return CostTable.from_dict(d, "CostTable" if source == "SpsTable" else source).to_sps()
         missing = {"sample_batch_tokens", "sample_steps_per_sec"} - set(d)
         if missing:
-            raise ValueError(f"SpsTable: missing keys {sorted(missing)} (SGLang 1-D SPS JSON expected)")
-        tokens = [int(t) for t in d["sample_batch_tokens"]]
-        return cls(
-            tuple(tokens),
-            tuple(float(r) for r in d["sample_steps_per_sec"]),
-            int(d.get("max_batch_tokens", tokens[-1] if tokens else 1)),
-        )
+            raise ValueError(
+                f"{source}: missing keys {sorted(missing)} (SGLang 1-D SPS JSON or a dspark cost table "
+                'with "format": "dspark-cost-table" expected)'
+            )
+        try:
+            tokens = [int(t) for t in d["sample_batch_tokens"]]
+            rates = [float(r) for r in d["sample_steps_per_sec"]]
+            top = int(d.get("max_batch_tokens", tokens[-1] if tokens else 1))
+            return cls(tuple(tokens), tuple(rates), top)
+        except (TypeError, ValueError) as e:  # non-numbers, or a check of __post_init__
+            raise ValueError(f"{source}: {str(e).removeprefix('SpsTable: ')}") from e
 
     @classmethod
     def load(cls, path: str | Path) -> SpsTable:
-        """Read SGLang's ``{"sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens"}`` JSON."""
-        try:
-            d = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"SpsTable: {path} is not valid JSON: {e}") from e
-        if not isinstance(d, dict):
-            raise ValueError(f"SpsTable: {path} must hold a JSON object")
-        return cls.from_dict(d)
+        """Read SGLang's ``{"sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens"}`` JSON.
+
+        A dspark cost table (``dspark profile``'s ``costs.json``) is accepted too and turned into its 1-D curve
+        (:meth:`dspark.profiling.CostTable.to_sps`). Errors name the file.
+        """
+        d = _read_json(path)
+        return cls.from_dict(d, source=f"SpsTable: {path}")
 
     def to_dict(self) -> dict:
         return {
@@ -110,6 +127,17 @@ class SpsTable:
         )
 
 
+def _is_cost_table(d: Any) -> bool:
+    return isinstance(d, dict) and d.get("format") == "dspark-cost-table"
+
+
+def _read_json(path: str | Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"SpsTable: {path} is not valid JSON: {e}") from e
+
+
 @dataclass
 class PlanResult:
     """One round's plan: ``verify_len`` ``(R,)`` int32 in [1, gamma + 1] and ``budget`` ``()`` int64."""
@@ -126,9 +154,11 @@ class Planner:
     ----------
     mode : str
         ``"full"``, ``"threshold"``, ``"early_stop"`` (default) or ``"lagged_topk"``.
-    sps_table : SpsTable | dict | str | Path | None
-        The cost table, or a path to SGLang's 1-D SPS JSON. Missing or flat means "verify everything": the
-        planner then runs ``full`` and says so once in the log.
+    sps_table : SpsTable | CostTable | dict | str | Path | None
+        The cost table: SGLang's 1-D SPS table, or dspark's cost table (``dspark profile``), as an object, a
+        dict or a path to its JSON. With a cost table each round of R requests is priced with the curve for R
+        (:meth:`dspark.profiling.CostTable.to_sps`), drafter cost included. Missing or flat means "verify
+        everything": the planner then runs ``full`` and says so once in the log.
     threshold : float
         Per-position confidence threshold of ``threshold`` mode.
     lag : int
@@ -146,7 +176,7 @@ class Planner:
     def __init__(
         self,
         mode: str = "early_stop",
-        sps_table: SpsTable | dict | str | Path | None = None,
+        sps_table: SpsTable | CostTable | dict | str | Path | None = None,
         threshold: float = 0.0,
         lag: int = 1,
     ) -> None:
@@ -156,15 +186,35 @@ class Planner:
             raise ValueError(
                 f"Planner: lag must be >= 1 (a budget from this round would anticipate), got {lag}"
             )
+        source = "SpsTable"
         if isinstance(sps_table, (str, Path)):
-            sps_table = SpsTable.load(sps_table)
+            source = f"SpsTable: {sps_table}"
+            sps_table = _read_json(sps_table)
+            if not isinstance(sps_table, dict):
+                raise ValueError(f"{source}: must hold a JSON object")
+        if _is_cost_table(sps_table):
+            from dspark.profiling.table import CostTable
+
+            sps_table = CostTable.from_dict(sps_table, "CostTable" if source == "SpsTable" else source)
         elif isinstance(sps_table, dict):
-            sps_table = SpsTable.from_dict(sps_table)
+            sps_table = SpsTable.from_dict(sps_table, source)
+        self.cost_table: CostTable | None = None
+        if sps_table is not None and not isinstance(sps_table, SpsTable):
+            from dspark.profiling.table import CostTable
+
+            if not isinstance(sps_table, CostTable):
+                raise TypeError(
+                    "Planner: sps_table must be an SpsTable, a CostTable, a dict or a path, got "
+                    f"{type(sps_table).__name__}"
+                )
+            self.cost_table = sps_table
+            sps_table = sps_table.to_sps()
         self.mode = mode
         self.threshold = float(threshold)
         self.lag = int(lag)
-        self.sps_table = sps_table
-        self._tensors: dict[torch.device, tuple[Tensor, Tensor]] = {}
+        # the 1-D curve (for a cost table: its every-batch curve; rounds use the curve of their own R)
+        self.sps_table: SpsTable | None = sps_table
+        self._tensors: dict[tuple[torch.device, int], tuple[Tensor, Tensor]] = {}
         # ring of earlier rounds: (request ids, survival [R, gamma] detached)
         self._history: deque[tuple[tuple[int, ...], Tensor]] = deque(maxlen=self.lag)
         self._warned_flat = False
@@ -176,11 +226,16 @@ class Planner:
             return "full"
         return self.mode
 
-    def _sps(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        table = self.sps_table or SpsTable.flat()
-        if device not in self._tensors:
-            self._tensors[device] = table.tensors(device)
-        return self._tensors[device]
+    def _sps(self, device: torch.device, num_requests: int) -> tuple[Tensor, Tensor]:
+        # a cost table prices each batch size with its own curve (draft cost depends on R); one curve otherwise
+        key = (device, num_requests if self.cost_table is not None else 0)
+        if key not in self._tensors:
+            if self.cost_table is not None:
+                table = self.cost_table.to_sps(max(1, num_requests))
+            else:
+                table = self.sps_table or SpsTable.flat()
+            self._tensors[key] = table.tensors(device)
+        return self._tensors[key]
 
     def _lagged(self, request_ids: tuple[int, ...], survival: Tensor) -> Tensor:
         """Survival of each current request from ``lag`` rounds ago; 1.0 (optimistic) where unknown."""
@@ -214,7 +269,7 @@ class Planner:
                 self.mode,
             )
             self._warned_flat = True
-        tokens, rate = self._sps(survival.device)
+        tokens, rate = self._sps(survival.device, survival.shape[0])
         lagged = self._lagged(ids, survival) if mode == "lagged_topk" else None
         verify_len, budget = plan_verify(survival, tokens, rate, mode, lagged, self.threshold)
         if self.mode == "lagged_topk":
