@@ -18,6 +18,14 @@ def _info(_: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """SmolLM2-135M-Instruct with the bundled drafter: answers, then plain decoding vs DSpark."""
+    from dspark.demo import DEMO_PROMPTS, run_demo
+
+    run_demo(args.prompt or DEMO_PROMPTS, max_new_tokens=args.max_new_tokens, planner=args.planner)
+    return 0
+
+
+def _tour(args: argparse.Namespace) -> int:
     """A short tour of the planner ops on synthetic drafter outputs: confidence -> survival -> verify plan."""
     import dspark
     from dspark import Planner, SpsTable
@@ -56,7 +64,6 @@ def _demo(args: argparse.Namespace) -> int:
             f"  {mode:12s} {vl.tolist()}  B = {B:3d}  expected tokens/round = {tau:5.2f}  "
             f"expected tokens/s = {tau * sps:6.1f}"
         )
-    print("\n(the end-to-end decoder demo on SmolLM2-135M-Instruct comes with DSparkDecoder)")
     return 0
 
 
@@ -122,11 +129,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="print how the extension was built").set_defaults(fn=_info)
-    d = sub.add_parser("demo", help="a short tour of the ops")
-    d.add_argument("--requests", type=int, default=6)
-    d.add_argument("--gamma", type=int, default=7)
-    d.add_argument("--seed", type=int, default=0)
+    d = sub.add_parser("demo", help="SmolLM2-135M + the bundled drafter: plain decoding vs DSpark")
+    d.add_argument(
+        "--prompt", action="append", default=None, help="a prompt (repeatable); default: 3 built in"
+    )
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument(
+        "--planner", default="early_stop", choices=["full", "threshold", "early_stop", "lagged_topk"]
+    )
     d.set_defaults(fn=_demo)
+    o = sub.add_parser("tour", help="a tour of the planner ops on synthetic drafter outputs")
+    o.add_argument("--requests", type=int, default=6)
+    o.add_argument("--gamma", type=int, default=7)
+    o.add_argument("--seed", type=int, default=0)
+    o.set_defaults(fn=_tour)
     g = sub.add_parser("generate", help="generate text with DSpark speculative decoding (streams the text)")
     g.add_argument("--target", required=True, help="'smollm2', a .gguf file or a Hugging Face model folder")
     g.add_argument(

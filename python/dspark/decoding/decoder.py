@@ -225,6 +225,25 @@ class DSparkDecoder:
         """Restore the target's attention implementation and free the KV caches."""
         self.adapter.close()
 
+    def compile(self, **options: Any) -> DSparkDecoder:
+        """``torch.compile`` the drafter's dense per-row work, in place; returns ``self``.
+
+        Compiled (``nn.Module.compile``, so parameter names and checkpoints are unchanged): every draft layer's
+        norms and MLP, the final norm, and the context projection ``fc`` + ``hidden_norm``. The attention over
+        each request's context, Markov sampling and confidence are custom ops / ragged loops and stay eager.
+        Shapes vary with the number of requests, so ``dynamic=True`` is the default. ``options`` go to
+        ``torch.compile`` (e.g. ``mode="max-autotune"``). Outputs are unchanged up to float rounding.
+        """
+        opts = {"dynamic": True, **options}
+        d = self.drafter
+        for layer in d.layers:
+            layer.input_layernorm.compile(**opts)
+            layer.post_attention_layernorm.compile(**opts)
+            layer.mlp.compile(**opts)
+        for m in (d.norm, d.fc, d.hidden_norm):
+            m.compile(**opts)
+        return self
+
     def generate(
         self,
         prompts: Any,
@@ -526,7 +545,8 @@ class DSparkDecoder:
             if not bool(torch.isfinite(q).all()):
                 raise RuntimeError("draft: the drafter produced NaN/inf logits")
             t1 = time.perf_counter()
-            stats.add_time("draft", t1 - t0)
+            stats.add_time("markov_sample", d.markov_seconds)
+            stats.add_time("draft", t1 - t0 - d.markov_seconds)
             if d.survival is not None:
                 survival = d.survival[:, :g].contiguous()
                 conf_logit = d.conf_logit[:, :g]

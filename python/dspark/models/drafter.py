@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import time
 from collections.abc import Sequence
 
 import torch
@@ -44,6 +45,7 @@ class DraftOutput:
     conf_logit: Tensor | None = None
     conf: Tensor | None = None
     survival: Tensor | None = None
+    markov_seconds: float = 0.0  # host time of the Markov sampling step (launch time only on CUDA)
 
 
 def default_target_layer_ids(num_layers: int, taps: int = 5) -> list[int]:
@@ -550,12 +552,14 @@ class DSparkDrafter(nn.Module):
         U = F.linear(hidden, self.lm_head_weight)  # [R, γ, V]
         anchors = anchors.to(self.device, torch.int64)
         ids_dev = ids_t.to(self.device)
+        t_markov = time.perf_counter()
         if self.markov_head is not None:
             s: MarkovSample = self.markov_head.sample(U, anchors, temperature, seed, offset, hidden, ids_dev)
         else:  # DFlash: the same sampler with a rank-0 head (z = U)
             empty = torch.empty(self.config.vocab_size, 0, dtype=self.dtype, device=self.device)
             s = markov_sample_torch(U, anchors, empty, empty, temperature, seed, offset, ids_dev)
         out = DraftOutput(s.tokens, s.logits, s.prev_emb, hidden, U if return_base_logits else None)
+        out.markov_seconds = time.perf_counter() - t_markov
         if self.confidence_head is not None:
             out.conf_logit, out.conf, out.survival = self.confidence_head(hidden, s.prev_emb, sts_temperature)
         return out

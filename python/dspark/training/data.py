@@ -133,12 +133,15 @@ def regenerate(
     temperature: float = 0.0,
     token_budget: int | None = None,
     seed: int = 0,
+    engine: str = "dspark",
     progress: bool = True,
 ) -> dict:
     """Let the target answer each prompt and append ``{"id", "prompt_ids", "response_ids", "finish"}`` rows.
 
-    Prompts longer than ``max_prompt_tokens`` (after the chat template) are skipped. Batches are formed from
-    prompts of similar length (left padding) and run with HF ``generate``; ``temperature`` 0 is greedy.
+    Prompts longer than ``max_prompt_tokens`` (after the chat template) are skipped. ``engine="dspark"`` runs
+    plain decoding through :class:`DSparkDecoder` (``speculative=False``: continuous batching over ragged
+    requests, so a finished answer frees its slot at once); ``engine="hf"`` runs HF ``generate`` on batches of
+    similar-length prompts (left padding). ``temperature`` 0 is greedy.
     Stops early once ``token_budget`` response tokens have been written (counting earlier runs). Returns counts.
     """
     from tqdm.auto import tqdm
@@ -159,50 +162,86 @@ def regenerate(
             skipped += 1
             continue
         todo.append((p.id, ids))
-    todo.sort(key=lambda t: len(t[1]))
+    if engine == "hf":  # padding waste is smallest for similar lengths
+        todo.sort(key=lambda t: len(t[1]))
+    else:  # a budget-limited run still sees every source
+        order = torch.randperm(len(todo), generator=torch.Generator().manual_seed(seed)).tolist()
+        todo = [todo[i] for i in order]
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     dev = next(target.parameters()).device
     torch.manual_seed(seed)
+    if engine not in ("dspark", "hf"):
+        raise ValueError(f"engine: expected 'dspark' or 'hf', got {engine!r}")
     bar = tqdm(total=len(todo), desc="regenerating", unit="prompt", disable=not progress)
     n_rows = 0
-    with open(out_path, "a", encoding="utf-8") as f:
-        for b in range(0, len(todo), batch_size):
-            if token_budget is not None and written_tokens >= token_budget:
-                break
-            chunk = todo[b : b + batch_size]
-            L = max(len(ids) for _, ids in chunk)
-            inp = torch.full((len(chunk), L), pad, dtype=torch.int64)
-            mask = torch.zeros((len(chunk), L), dtype=torch.int64)
-            for i, (_, ids) in enumerate(chunk):
-                inp[i, L - len(ids) :] = torch.tensor(ids)
-                mask[i, L - len(ids) :] = 1
-            kw = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature)
-            out = target.generate(
-                input_ids=inp.to(dev),
-                attention_mask=mask.to(dev),
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad,
-                eos_token_id=eos,
-                top_k=None,
-                top_p=None,
-                **kw,
-            )
-            for i, (pid, ids) in enumerate(chunk):
-                resp = out[i, L:].tolist()
-                finish = "length"
-                if eos in resp:
-                    resp = resp[: resp.index(eos) + 1]
-                    finish = "eos"
-                row = {"id": pid, "prompt_ids": ids, "response_ids": resp, "finish": finish}
-                f.write(json.dumps(row) + "\n")
-                written_tokens += len(resp)
-                n_rows += 1
-            f.flush()
-            bar.update(len(chunk))
-            bar.set_postfix(tokens=written_tokens)
+    dec = None
+    if engine == "dspark":
+        from dspark.decoding.decoder import DSparkDecoder
+        from dspark.models.drafter import DSparkDrafter
+
+        # plain decoding never drafts; a minimal drafter satisfies the decoder's pairing
+        stub = DSparkDrafter.from_config(target, block_size=1, num_layers=1, markov_rank=0)
+        dec = DSparkDecoder(target, stub, planner="full", max_batch_size=batch_size, tokenizer=tokenizer)
+    try:
+        with open(out_path, "a", encoding="utf-8") as f:
+            step = batch_size * 4 if engine == "dspark" else batch_size
+            for b in range(0, len(todo), step):
+                if token_budget is not None and written_tokens >= token_budget:
+                    break
+                chunk = todo[b : b + step]
+                if dec is not None:
+                    out = dec.generate(
+                        [ids for _, ids in chunk],
+                        max_new_tokens=max_new_tokens,
+                        temperature=temperature,
+                        seed=seed + b,
+                        speculative=False,
+                    )
+                    resps = out.sequences
+                else:
+                    resps = _hf_batch(target, chunk, pad, eos, max_new_tokens, temperature, dev)
+                for (pid, ids), resp in zip(chunk, resps, strict=True):
+                    resp = list(resp)
+                    finish = "length"
+                    if eos in resp:
+                        resp = resp[: resp.index(eos) + 1]
+                        finish = "eos"
+                    row = {"id": pid, "prompt_ids": ids, "response_ids": resp, "finish": finish}
+                    f.write(json.dumps(row) + "\n")
+                    written_tokens += len(resp)
+                    n_rows += 1
+                f.flush()
+                bar.update(len(chunk))
+                bar.set_postfix(tokens=written_tokens)
+    finally:
+        if dec is not None:
+            dec.close()
     bar.close()
     return {"written": n_rows, "skipped_long": skipped, "response_tokens": written_tokens}
+
+
+def _hf_batch(
+    target, chunk, pad: int, eos: int, max_new_tokens: int, temperature: float, dev
+) -> list[list[int]]:
+    L = max(len(ids) for _, ids in chunk)
+    inp = torch.full((len(chunk), L), pad, dtype=torch.int64)
+    mask = torch.zeros((len(chunk), L), dtype=torch.int64)
+    for i, (_, ids) in enumerate(chunk):
+        inp[i, L - len(ids) :] = torch.tensor(ids)
+        mask[i, L - len(ids) :] = 1
+    kw = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature)
+    out = target.generate(
+        input_ids=inp.to(dev),
+        attention_mask=mask.to(dev),
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        top_k=None,
+        top_p=None,
+        **kw,
+    )
+    return [out[i, L:].tolist() for i in range(len(chunk))]
 
 
 def training_prompts(

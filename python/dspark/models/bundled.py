@@ -1,0 +1,57 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Drafters shipped inside the package (trained by ``dspark train``, see docs/training.md).
+
+Each lives in ``dspark/assets/drafters/<name>/``: a DeepSpec-layout checkpoint (``config.json`` +
+``model.safetensors``, bf16, embedding and LM head not stored: they are aliased from the target), and optionally
+``sts.json`` (confidence temperatures, SGLang's format) and ``sps.json`` (the target's cost curve on the machine
+kind it was profiled on, SGLang's 1-D format).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DRAFTERS_DIR = Path(__file__).resolve().parents[1] / "assets" / "drafters"
+DEFAULT_DRAFTER = "smollm2-135m-instruct"
+
+
+@dataclass
+class BundledDrafter:
+    """Paths of a shipped drafter: the checkpoint folder and its optional STS / SPS files."""
+
+    name: str
+    path: Path
+    sts: Path | None
+    sps: Path | None
+
+
+def bundled_drafters() -> list[str]:
+    """Names of the drafters that ship with this installation."""
+    if not DRAFTERS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in DRAFTERS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def bundled_drafter(name: str = DEFAULT_DRAFTER) -> BundledDrafter:
+    """Locate a shipped drafter by name.
+
+    Raises
+    ------
+    FileNotFoundError
+        When no drafter of that name ships with this installation (the message lists the ones that do).
+    """
+    path = DRAFTERS_DIR / name
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        have = ", ".join(bundled_drafters()) or "none"
+        raise FileNotFoundError(f"drafter: no bundled drafter named {name!r} (bundled: {have})")
+    sts, sps = path / "sts.json", path / "sps.json"
+    return BundledDrafter(name, path, sts if sts.is_file() else None, sps if sps.is_file() else None)
+
+
+def load_bundled_drafter(target, tokenizer=None, name: str = DEFAULT_DRAFTER):
+    """``(drafter, BundledDrafter)``: the shipped drafter loaded for ``target`` (embedding / LM head aliased)."""
+    from dspark.models.drafter import DSparkDrafter
+
+    info = bundled_drafter(name)
+    return DSparkDrafter.from_pretrained(info.path, target=target, tokenizer=tokenizer), info
