@@ -607,11 +607,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, texts in read_prompt_sets(args.prompts, args.n, args.quick)
     ]
 
-    header = (
+    setup = (
         f"{args.target} ({args.dtype}, {args.device}, {torch.get_num_threads()} threads), drafter {drafter_name}, "
-        f"SPS {sps or 'none'}, STS {sts or 'none'}, {{n}} prompts × {args.max_new_tokens} new tokens, "
-        f"EOS {'ignored' if args.ignore_eos else 'stops'}"
+        f"SPS {sps or 'none'}, STS {sts or 'none'}"
     )
+    eos_rule = "EOS ignored" if args.ignore_eos else "EOS stops"
     common = {
         "max_new_tokens": args.max_new_tokens,
         "eos_ids": eos_ids,
@@ -675,14 +675,17 @@ def main(argv: list[str] | None = None) -> int:
                         )
                 case = Case(set_name, temp, len(prompts), runs)
                 fill_ratios(case)
-                if temp == 0:
-                    warnings += check_tokens(case)
+                case_warnings = check_tokens(case) if temp == 0 else []
                 cases.append(case)
-                print(report(case, header.format(n=len(prompts))) + "\n", flush=True)
+                header = f"{setup}, {len(prompts)} prompts × {args.max_new_tokens} new tokens, {eos_rule}"
+                print(report(case, header) + "\n")
+                for w in case_warnings:
+                    print(w + "\n")
+                warnings += case_warnings
+                sys.stdout.flush()
 
-    for w in warnings:
-        print(w)
-        print(w, file=sys.stderr)
+    if warnings:
+        print(f"!!! {len(warnings)} CORRECTNESS WARNING(S): see above")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
