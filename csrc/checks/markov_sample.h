@@ -73,6 +73,10 @@ inline void check_markov_from_hidden_args(const at::Tensor& hidden, const at::Te
                       temperature, request_ids);
 }
 
+// One pass over CPU logits [..., n] (n > 0), no temporaries: bit 1 = some NaN, 2 = some +inf, 4 = some row
+// without a finite entry. Defined in cpu/markov_sample.cpp.
+int logits_value_flags(const at::Tensor& logits);
+
 // Data checks (CPU only): anchors in [0, V), temperatures finite and >= 0, request ids in [0, 2^32), logits
 // free of NaN and +inf (-inf masks a token: it gets probability zero, but a row needs a finite entry).
 inline void check_markov_sample_values(const char* op, const at::Tensor& logits, const char* logits_name,
@@ -99,14 +103,11 @@ inline void check_markov_sample_values(const char* op, const at::Tensor& logits,
     }
   }
   if (logits.numel() > 0) {
-    TORCH_CHECK_VALUE(!at::isnan(logits).any().item<bool>(), "dspark::", op, ": ", logits_name,
-                      " contains NaN");
-    TORCH_CHECK_VALUE(!at::isposinf(logits).any().item<bool>(), "dspark::", op, ": ", logits_name,
-                      " contains +inf");
-    if (logits.size(-1) > 0) {
-      TORCH_CHECK_VALUE(at::isfinite(logits).any(-1).all().item<bool>(), "dspark::", op, ": every row of ",
-                        logits_name, " needs a finite entry (all -inf)");
-    }
+    const int flags = logits_value_flags(logits);
+    TORCH_CHECK_VALUE(!(flags & 1), "dspark::", op, ": ", logits_name, " contains NaN");
+    TORCH_CHECK_VALUE(!(flags & 2), "dspark::", op, ": ", logits_name, " contains +inf");
+    TORCH_CHECK_VALUE(!(flags & 4), "dspark::", op, ": every row of ", logits_name,
+                      " needs a finite entry (all -inf)");
   }
 }
 

@@ -4,7 +4,8 @@
 // G) with keyed Philox Gumbel noise G (argmax of z_k when T = 0). Each step runs parallel over vocabulary
 // tiles; a tile of W2 is read once per step and reused for every request from cache. The arithmetic
 // (markov_dot, draft_key, tie rule) is include/dspark/sampling.h, shared with the CUDA kernel, so tokens and
-// z agree bit for bit across devices.
+// z agree bit for bit across devices. CPUs with AVX-512 run tile_avx512 (markov_sample_avx512.h: the same
+// operations 16 lanes at a time), others tile_step.
 #include "checks/markov_sample.h"
 
 #include <ATen/ATen.h>
@@ -12,9 +13,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <vector>
 
 #include "dspark/sampling.h"
+#include "markov_sample_avx512.h"
 
 namespace dspark {
 namespace {
@@ -29,22 +33,10 @@ struct Best {
   int64_t idx;
 };
 
-// One (vocab tile, request) unit of a step: writes z for the tile and returns the tile's best key.
-// -ffp-contract=off keeps mul and add unfused.
-template <typename TU, typename TW>
-__attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_row, const TW* w2,
-                                                     const float* e, int64_t rank, int64_t i0, int64_t i1,
-                                                     float temperature, uint64_t seed, uint64_t offset,
-                                                     uint32_t request, uint32_t position) {
-  float y[kVocabTile];
-  float ymax = -INFINITY;
-  for (int64_t i = i0; i < i1; ++i) {
-    const float z = add_rn(static_cast<float>(u_row[i]), markov_dot(w2 + i * rank, e, rank));
-    z_row[i] = z;
-    const float yi = temperature == 0.0f ? z : div_rn(z, temperature);
-    y[i - i0] = yi;
-    ymax = yi > ymax ? yi : ymax;
-  }
+// The tile's winner among y[0 .. i1 - i0) = z / T (or z when T = 0): Gumbel-max with keyed Philox noise,
+// ties to the lowest index.
+Best select_tile(const float* y, int64_t i0, int64_t i1, float temperature, uint64_t seed, uint64_t offset,
+                 uint32_t request, uint32_t position) {
   Best best{-INFINITY, -1};
   if (temperature == 0.0f) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -52,6 +44,8 @@ __attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_r
     }
     return best;
   }
+  float ymax = -INFINITY;
+  for (int64_t i = i0; i < i1; ++i) ymax = y[i - i0] > ymax ? y[i - i0] : ymax;
   const float cut = add_rn(ymax, -kGumbelSpan);
   for (int64_t b = i0 & ~int64_t{3}; b < i1; b += 4) {  // Philox blocks of 4 consecutive vocabulary ids
     bool any = false;
@@ -67,6 +61,22 @@ __attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_r
     }
   }
   return best;
+}
+
+// One (vocab tile, request) unit of a step: writes z for the tile and returns the tile's best key.
+// -ffp-contract=off keeps mul and add unfused.
+template <typename TU, typename TW>
+__attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_row, const TW* w2,
+                                                     const float* e, int64_t rank, int64_t i0, int64_t i1,
+                                                     float temperature, uint64_t seed, uint64_t offset,
+                                                     uint32_t request, uint32_t position) {
+  float y[kVocabTile];
+  for (int64_t i = i0; i < i1; ++i) {
+    const float z = add_rn(static_cast<float>(u_row[i]), markov_dot(w2 + i * rank, e, rank));
+    z_row[i] = z;
+    y[i - i0] = temperature == 0.0f ? z : div_rn(z, temperature);
+  }
+  return select_tile(y, i0, i1, temperature, seed, offset, request, position);
 }
 
 using TileFn = Best (*)(const void*, float*, const void*, const float*, int64_t, int64_t, int64_t, float,
@@ -114,6 +124,109 @@ TileFn pick_tile(at::ScalarType tu, at::ScalarType tw) {
   return table[a][b];
 }
 
+#if DSPARK_HAVE_AVX512_PATH
+// A whole vocabulary tile [i0, i1) of step k for every request: the bias W2 e of all requests first (each W2
+// row is loaded once for all of them), then per request z, y = z / T and the Gumbel-max over the tile, 64
+// ids per Philox call. u [R, G, V] (may alias z), z [R, G, V], e2 [ceil(R / 2), nb, 16] (avx512::dot_rows),
+// out [R]. Same values and winner as tile_step; a tile holding a NaN y goes through select_tile so that its
+// (order-dependent) handling stays the scalar one.
+template <typename TU, typename TW>
+DSPARK_AVX512 void tile_avx512(const TU* u, float* z, const TW* w2, const float* e2, int64_t nb, int64_t R,
+                               int64_t G, int64_t V, int64_t rank, int64_t k, int64_t i0, int64_t i1,
+                               const float* temps, uint64_t seed, uint64_t offset, const uint32_t* req,
+                               Best* out) {
+  using namespace avx512;
+  constexpr int64_t S = kVocabTile;
+  static_assert(S % 64 == 0, "tiles are whole Philox groups of 64 ids");
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>((R + 1) * S));
+  float* dots = scratch.data();  // [R, S]
+  float* y = dots + R * S;       // [S], -inf past the tile
+  markov_bias_tile(w2, rank, i0, i1, e2, nb, R, dots, S);
+  const int64_t n = i1 - i0, n64 = (n + 63) & ~int64_t{63};
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t rk = r * G + k;
+    const TU* ur = u + rk * V + i0;
+    float* zr = z + rk * V + i0;
+    const float* d = dots + r * S;
+    const float t = temps[r];
+    __m512 vmax = ninf;
+    __mmask16 nan = 0;
+    for (int64_t c = 0; c < n64; c += 16) {
+      const __mmask16 m = n - c >= 16 ? __mmask16(0xFFFF) : n > c ? __mmask16((1u << (n - c)) - 1u) : 0;
+      const __m512 zv = _mm512_add_ps(load16(ur + c, m), _mm512_maskz_loadu_ps(m, d + c));
+      _mm512_mask_storeu_ps(zr + c, m, zv);
+      const __m512 yv = _mm512_mask_mov_ps(ninf, m, t == 0.0f ? zv : _mm512_div_ps(zv, _mm512_set1_ps(t)));
+      _mm512_storeu_ps(y + c, yv);
+      nan |= _mm512_cmp_ps_mask(yv, yv, _CMP_UNORD_Q);
+      vmax = _mm512_max_ps(vmax, yv);
+    }
+    if (nan) {
+      out[r] = select_tile(y, i0, i1, t, seed, offset, req[r], static_cast<uint32_t>(k));
+      continue;
+    }
+    Argmax16 am{ninf, _mm512_setzero_si512()};
+    if (t == 0.0f) {
+      for (int64_t c = 0; c < n64; c += 16) argmax_update(am, _mm512_loadu_ps(y + c), c);
+    } else {
+      // Gumbel values lie in [-2.82, 16.64]: ids kGumbelSpan below the tile's maximum cannot win (as
+      // tile_step)
+      const __m512 cut = _mm512_set1_ps(add_rn(_mm512_reduce_max_ps(vmax), -kGumbelSpan));
+      for (int64_t c = 0; c < n64; c += 64) {
+        __m512 yv[4];
+        __mmask16 in[4];
+        for (int q = 0; q < 4; ++q) {
+          yv[q] = _mm512_loadu_ps(y + c + 16 * q);
+          in[q] = _mm512_cmp_ps_mask(yv[q], cut, _CMP_GE_OQ);
+        }
+        if ((in[0] | in[1] | in[2] | in[3]) == 0) continue;
+        __m512 g[4];
+        gumbel64(seed, offset, req[r], static_cast<uint32_t>(k), static_cast<uint32_t>((i0 + c) >> 2), g);
+        for (int q = 0; q < 4; ++q)
+          argmax_update(am, _mm512_mask_mov_ps(ninf, in[q], _mm512_add_ps(yv[q], g[q])), c + 16 * q);
+      }
+    }
+    float key;
+    int32_t idx;
+    // no key above -inf: every id of the tile is -inf and the lowest one wins, as in select_tile
+    out[r] = argmax_finish(am, key, idx) ? Best{key, i0 + idx} : Best{-INFINITY, i0};
+  }
+}
+
+using TileAllFn = void (*)(const void*, float*, const void*, const float*, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t, const float*, uint64_t, uint64_t,
+                           const uint32_t*, Best*);
+
+template <typename TU, typename TW>
+void tile_avx512_erased(const void* u, float* z, const void* w2, const float* e2, int64_t nb, int64_t R,
+                        int64_t G, int64_t V, int64_t rank, int64_t k, int64_t i0, int64_t i1, const float* t,
+                        uint64_t s, uint64_t o, const uint32_t* req, Best* out) {
+  tile_avx512<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e2, nb, R, G, V, rank, k, i0,
+                      i1, t, s, o, req, out);
+}
+
+TileAllFn pick_tile_avx512(at::ScalarType tu, at::ScalarType tw) {
+  const int a = tu == at::kFloat ? 0 : tu == at::kBFloat16 ? 1 : 2;
+  const int b = tw == at::kFloat ? 0 : tw == at::kBFloat16 ? 1 : 2;
+  static const TileAllFn table[3][3] = {
+      {tile_avx512_erased<float, float>, tile_avx512_erased<float, bf16>, tile_avx512_erased<float, f16>},
+      {tile_avx512_erased<bf16, float>, tile_avx512_erased<bf16, bf16>, tile_avx512_erased<bf16, f16>},
+      {tile_avx512_erased<f16, float>, tile_avx512_erased<f16, bf16>, tile_avx512_erased<f16, f16>}};
+  return table[a][b];
+}
+#endif
+
+// The AVX-512 path is used when the CPU has it, unless DSPARK_CPU_SIMD=0 (tests compare both paths).
+bool use_avx512() {
+#if DSPARK_HAVE_AVX512_PATH
+  const char* env = std::getenv("DSPARK_CPU_SIMD");
+  return avx512::available() && !(env != nullptr && env[0] == '0');
+#else
+  return false;
+#endif
+}
+
 // u: [R, g, V] (dtype tu; may alias z when it is the f32 z buffer itself), writes z [R, g, V] f32,
 // tokens [R, g] i64, prev_emb [R, g, r] f32.
 void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, const at::Tensor& w1,
@@ -141,23 +254,51 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
     req[r] = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
   const at::Tensor w1f = w1c.to(at::kFloat);
   const float* w1p = w1f.data_ptr<float>();
+  const bool simd = use_avx512();
+  const int64_t nb = (rank + 7) / 8;
+  std::vector<float> e2(simd ? static_cast<size_t>((R + 1) / 2 * nb * 16) : 0);
+#if DSPARK_HAVE_AVX512_PATH
+  const TileAllFn tile_all = simd ? pick_tile_avx512(tu, w2c.scalar_type()) : nullptr;
+#endif
   for (int64_t k = 0; k < G; ++k) {
     for (int64_t r = 0; r < R; ++r) {  // e = W1[x_{k-1}]
       const int64_t prev = k == 0 ? ap[r] : xp[r * G + k - 1];
       std::copy(w1p + prev * rank, w1p + (prev + 1) * rank, ep + (r * G + k) * rank);
     }
-    // (tile, request) units, tile-major so that consecutive units reuse the W2 tile from cache
-    const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, std::min(V, kVocabTile) * rank));
-    at::parallel_for(0, n_tiles * R, grain, [&](int64_t ub, int64_t ue) {
-      for (int64_t unit = ub; unit < ue; ++unit) {
-        const int64_t ti = unit / R, r = unit % R;
-        const int64_t i0 = ti * kVocabTile, i1 = std::min(V, i0 + kVocabTile);
-        const int64_t rk = r * G + k;
-        partial[unit] = tile(static_cast<const char*>(u) + rk * V * u_elem, zp + rk * V, w2p, ep + rk * rank,
-                             rank, i0, i1, tp[r], static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
-                             req[r], static_cast<uint32_t>(k));
+#if DSPARK_HAVE_AVX512_PATH
+    if (simd) {
+      // e of request pairs interleaved per 8-wide j-block, zero past rank and past R (see avx512::dot_rows)
+      std::fill(e2.begin(), e2.end(), 0.0f);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* er = ep + (r * G + k) * rank;
+        float* dst = e2.data() + (r / 2) * nb * 16 + (r % 2) * 8;
+        for (int64_t j = 0; j < rank; ++j) dst[(j / 8) * 16 + j % 8] = er[j];
       }
-    });
+      // tiles handed out one at a time: a thread slowed down by other load does not hold back the step
+      std::atomic<int64_t> next{0};
+      at::parallel_for(0, std::min<int64_t>(n_tiles, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+        for (int64_t ti = next++; ti < n_tiles; ti = next++) {
+          const int64_t i0 = ti * kVocabTile, i1 = std::min(V, i0 + kVocabTile);
+          tile_all(u, zp, w2p, e2.data(), nb, R, G, V, rank, k, i0, i1, tp, static_cast<uint64_t>(seed),
+                   static_cast<uint64_t>(offset), req.data(), partial.data() + ti * R);
+        }
+      });
+    } else
+#endif
+    {
+      // (tile, request) units, tile-major so that consecutive units reuse the W2 tile from cache
+      const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, std::min(V, kVocabTile) * rank));
+      at::parallel_for(0, n_tiles * R, grain, [&](int64_t ub, int64_t ue) {
+        for (int64_t unit = ub; unit < ue; ++unit) {
+          const int64_t ti = unit / R, r = unit % R;
+          const int64_t i0 = ti * kVocabTile, i1 = std::min(V, i0 + kVocabTile);
+          const int64_t rk = r * G + k;
+          partial[unit] = tile(static_cast<const char*>(u) + rk * V * u_elem, zp + rk * V, w2p,
+                               ep + rk * rank, rank, i0, i1, tp[r], static_cast<uint64_t>(seed),
+                               static_cast<uint64_t>(offset), req[r], static_cast<uint32_t>(k));
+        }
+      });
+    }
     for (int64_t r = 0; r < R; ++r) {
       Best best{-INFINITY, -1};
       for (int64_t ti = 0; ti < n_tiles; ++ti) {
@@ -171,6 +312,29 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
 }
 
 }  // namespace
+
+// One pass over CPU logits [..., n] (n > 0), no temporaries: bit 1 = some NaN, 2 = some +inf, 4 = some row
+// without a finite entry.
+int logits_value_flags(const at::Tensor& logits) {
+  const auto l = logits.contiguous();
+  const int64_t n = l.size(-1), rows = l.numel() / n;
+  int flags = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, l.scalar_type(), "logits_value_flags", [&] {
+    const scalar_t* p = l.const_data_ptr<scalar_t>();
+    for (int64_t row = 0; row < rows; ++row) {
+      const scalar_t* x = p + row * n;
+      unsigned nan = 0, pinf = 0, fin = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = static_cast<float>(x[i]);
+        nan |= v != v;
+        pinf |= v == INFINITY;
+        fin |= (v > -INFINITY) & (v < INFINITY);
+      }
+      flags |= (nan ? 1 : 0) | (pinf ? 2 : 0) | (fin ? 0 : 4);
+    }
+  });
+  return flags;
+}
 
 // base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32
 //   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32

@@ -35,6 +35,68 @@ def test_bit_equal_to_reference(R, G, V, r, dtype, wdtype):
             assert torch.equal(o, e), name
 
 
+def _spread_logits(U, dtype):
+    # -inf entries, a far tail (ids the Gumbel span rules out) and one row at a large scale
+    U = U.float().clone()
+    U[..., 3::11] = float("-inf")
+    U[..., 1::7] -= 40.0
+    U[-1] *= 25.0
+    return U.to(dtype)
+
+
+@pytest.mark.parametrize("R,G,V,r", [(1, 2, 5, 3), (9, 3, 777, 17), (4, 2, 256, 8), (8, 3, 2113, 40)])
+@pytest.mark.parametrize(
+    "dtype,wdtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float16),
+        (torch.float32, torch.float16),
+    ],
+)
+def test_simd_and_scalar_paths_agree(R, G, V, r, dtype, wdtype, monkeypatch):
+    # The vectorised CPU path (when the CPU has AVX-512) and the scalar one (DSPARK_CPU_SIMD=0) draw the same
+    # tokens and logits: vocabulary sizes off the vector width and the tile, odd R, greedy and sampled rows.
+    U, anchor, w1, w2, temp = markov_inputs(R, G, V, r, dtype, wdtype, seed=V + r)
+    args = (_spread_logits(U, dtype), anchor, w1, w2, temp, 11, 3, torch.randint(0, 2**32, (R,)))
+    monkeypatch.delenv("DSPARK_CPU_SIMD", raising=False)
+    fast = dspark.ops.markov_sample(*args)
+    monkeypatch.setenv("DSPARK_CPU_SIMD", "0")
+    scalar = dspark.ops.markov_sample(*args)
+    for name, o, e in zip(("tokens", "draft_logits", "prev_emb"), fast, scalar, strict=True):
+        assert torch.equal(o, e), name
+
+
+def test_simd_and_scalar_paths_agree_on_non_finite_bias(monkeypatch):
+    # inf / NaN in W2 make z inf or NaN (base_logits are checked, the weights are not): same winner either way
+    U, anchor, w1, w2, temp = markov_inputs(4, 3, 600, 16, seed=5)
+    w2[7], w2[300, 3], w2[301] = float("inf"), float("nan"), -float("inf")
+    args = (U, anchor, w1, w2, temp, 1, 2)
+    fast = dspark.ops.markov_sample(*args)
+    monkeypatch.setenv("DSPARK_CPU_SIMD", "0")
+    scalar = dspark.ops.markov_sample(*args)
+    for o, e in zip(fast, scalar, strict=True):
+        assert (
+            torch.equal(o.view(torch.int32), e.view(torch.int32))
+            if o.is_floating_point()
+            else torch.equal(o, e)
+        )
+
+
+@pytest.mark.parametrize("V,r", [(1100, 8), (300, 0)])
+def test_bit_equal_to_reference_multi_tile(V, r):
+    # several vocabulary tiles with a partial last one, 9 requests (a lone last pair), far tails, r = 0
+    U, anchor, w1, w2, temp = markov_inputs(9, 2, V, r, seed=V)
+    args = (_spread_logits(U, torch.float32), anchor, w1, w2, temp, 5, 8)
+    for name, o, e in zip(
+        ("tokens", "draft_logits", "prev_emb"),
+        dspark.ops.markov_sample(*args),
+        markov_sample_ref(*args),
+        strict=True,
+    ):
+        assert torch.equal(o, e), name
+
+
 def test_from_hidden_equals_gemm_then_op():
     g = torch.Generator().manual_seed(3)
     R, G, H, V, r = 3, 5, 32, 700, 16
