@@ -21,6 +21,10 @@ import torch, dspark
 print("wheel OK:", dspark.build_info())
 s = torch.tensor([[0.9, 0.5, 0.1]])
 print(dspark.ops.plan_verify(s, torch.tensor([1, 2, 4]), torch.tensor([100.0, 95.0, 60.0], dtype=torch.float64)))
+from dspark.models.bundled import bundled_drafter
+b = bundled_drafter()  # the shipped drafter and its STS / SPS files are package data
+assert b.sts is not None and b.sps is not None, b
+print("bundled drafter in the wheel:", b.path.name, sorted(p.name for p in b.path.iterdir()))
 PY
 )
 

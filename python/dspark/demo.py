@@ -59,7 +59,7 @@ def run_demo(
     print(
         f"drafter {bundle.name}: {c.num_hidden_layers} layers, block {c.block_size}, Markov rank {c.markov_rank}, "
         f"taps {c.target_layer_ids}; planner {planner}"
-        + (", STS" if bundle.sts else "")
+        + (", STS" if bundle.sts_for(0.0) else "")
         + (", SPS table" if bundle.sps else "")
     )
     dec = DSparkDecoder(
@@ -67,7 +67,7 @@ def run_demo(
         drafter,
         planner=planner,
         sps_table=str(bundle.sps) if bundle.sps else None,
-        sts=str(bundle.sts) if bundle.sts else None,
+        sts=str(bundle.sts_for(0.0)) if bundle.sts_for(0.0) else None,  # the demo decodes greedily
         tokenizer=tok,
     )
     rows = []

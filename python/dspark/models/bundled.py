@@ -3,8 +3,10 @@
 
 Each lives in ``dspark/assets/drafters/<name>/``: a DeepSpec-layout checkpoint (``config.json`` +
 ``model.safetensors``, bf16, embedding and LM head not stored: they are aliased from the target), and optionally
-``sts.json`` (confidence temperatures, SGLang's format) and ``sps.json`` (the target's cost curve on the machine
-kind it was profiled on, SGLang's 1-D format).
+``sts.json`` (confidence temperatures fitted on sampling-acceptance labels at temperature 1, SGLang's format),
+``sts-greedy.json`` (the same fitted on greedy argmax-match labels, for temperature-0 decoding), ``costs.json``
+(dspark's table of draft and verify cost by batch size on the machine kind it was profiled on) and ``sps.json``
+(SGLang's 1-D export of that table).
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ class BundledDrafter:
     path: Path
     sts: Path | None
     sps: Path | None
+    sts_greedy: Path | None = None
+
+    def sts_for(self, temperature: float) -> Path | None:
+        """The STS file calibrated for this kind of decoding (greedy labels at temperature 0)."""
+        if temperature == 0 and self.sts_greedy is not None:
+            return self.sts_greedy
+        return self.sts
 
 
 def bundled_drafters() -> list[str]:
@@ -45,8 +54,14 @@ def bundled_drafter(name: str = DEFAULT_DRAFTER) -> BundledDrafter:
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         have = ", ".join(bundled_drafters()) or "none"
         raise FileNotFoundError(f"drafter: no bundled drafter named {name!r} (bundled: {have})")
-    sts, sps = path / "sts.json", path / "sps.json"
-    return BundledDrafter(name, path, sts if sts.is_file() else None, sps if sps.is_file() else None)
+
+    def opt(name: str) -> Path | None:
+        return path / name if (path / name).is_file() else None
+
+    # dspark's cost table (draft + verify cost per batch size) prices rounds better than the 1-D SPS export
+    return BundledDrafter(
+        name, path, opt("sts.json"), opt("costs.json") or opt("sps.json"), opt("sts-greedy.json")
+    )
 
 
 def load_bundled_drafter(target, tokenizer=None, name: str = DEFAULT_DRAFTER):
