@@ -60,17 +60,22 @@ def reliability_bins(pred: Any, label: Any, n_bins: int = 20) -> dict[str, np.nd
     dict
         ``count``, ``mean_pred`` and ``mean_label`` (each ``(n_bins,)``; the means are NaN in empty bins).
     """
-    p, y = _pair(pred, label, "pred", "label")
-    _check_unit(p, "pred")
-    _check_unit(y, "label")
-    if int(n_bins) < 1:
-        raise ValueError(f"n_bins: must be >= 1, got {n_bins}")
-    idx = _bin_index(p, int(n_bins))
+    p, y, idx = _binned(pred, label, n_bins)
     count = np.bincount(idx, minlength=n_bins).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_pred = np.bincount(idx, weights=p, minlength=n_bins) / count
         mean_label = np.bincount(idx, weights=y, minlength=n_bins) / count
     return {"count": count, "mean_pred": mean_pred, "mean_label": mean_label}
+
+
+def _binned(pred: Any, label: Any, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Checked ``(pred, label)`` as float64 arrays and each prediction's bin index."""
+    p, y = _pair(pred, label, "pred", "label")
+    _check_unit(p, "pred")
+    _check_unit(y, "label")
+    if int(n_bins) < 1:
+        raise ValueError(f"n_bins: must be >= 1, got {n_bins}")
+    return p, y, _bin_index(p, int(n_bins))
 
 
 def ece(pred: Any, label: Any, n_bins: int = 20) -> float:
@@ -90,12 +95,7 @@ def ece(pred: Any, label: Any, n_bins: int = 20) -> float:
     >>> ece([0.1, 0.1, 0.9, 0.9], [0, 1, 1, 1], n_bins=10)
     0.25
     """
-    p, y = _pair(pred, label, "pred", "label")
-    _check_unit(p, "pred")
-    _check_unit(y, "label")
-    if int(n_bins) < 1:
-        raise ValueError(f"n_bins: must be >= 1, got {n_bins}")
-    idx = _bin_index(p, int(n_bins))
+    p, y, idx = _binned(pred, label, n_bins)
     gap = np.bincount(idx, weights=p - y, minlength=n_bins)  # Σ_b (pred − label) per bin
     return float(np.abs(gap).sum() / p.size)
 
