@@ -85,28 +85,6 @@ def iter_sharegpt_first_turns() -> Iterator[Prompt]:
             yield Prompt(f"sharegpt:{obj.get('id')}", conv[0]["value"])
 
 
-def chat_prompt_ids(tokenizer, text: str) -> list[int]:
-    """The chat template applied to one user turn, with the generation prompt (thinking off)."""
-    from dspark.decoding.decoder import chat_token_ids
-
-    return chat_token_ids(tokenizer, text)
-
-
-def done_ids(path: str | os.PathLike) -> set[str]:
-    """Ids already written to a regeneration file (for resuming)."""
-    if not os.path.exists(path):
-        return set()
-    out = set()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    out.add(json.loads(line)["id"])
-                except (json.JSONDecodeError, KeyError):
-                    continue  # a line cut by an interrupted write
-    return out
-
-
 def read_regenerated(path: str | os.PathLike) -> list[dict]:
     """Rows of a regeneration file (incomplete trailing lines are skipped)."""
     rows = []
@@ -146,18 +124,21 @@ def regenerate(
     """
     from tqdm.auto import tqdm
 
+    from dspark.decoding.decoder import chat_token_ids
+
     if batch_size < 1:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    seen = done_ids(out_path)
-    written_tokens = sum(len(r["response_ids"]) for r in read_regenerated(out_path)) if seen else 0
+    done = read_regenerated(out_path) if os.path.exists(out_path) else []
+    seen = {r.get("id") for r in done}
+    written_tokens = sum(len(r.get("response_ids", ())) for r in done)
     todo, skipped = [], 0
     for p in prompts:
         if p.id in seen:
             continue
-        ids = chat_prompt_ids(tokenizer, p.text)
+        ids = chat_token_ids(tokenizer, p.text)
         if len(ids) > max_prompt_tokens:
             skipped += 1
             continue
