@@ -12,11 +12,13 @@ import torch.nn.functional as F
 from dspark.training.features import target_features
 from dspark.training.objective import (
     LossWeights,
+    _compiled_vocab_terms,
     block_hidden,
     block_loss,
     cosine_lr,
     sample_anchors,
     tau_estimate,
+    vocab_terms,
 )
 from tests.decoding.toy_models import random_drafter, tiny_target
 
@@ -136,3 +138,20 @@ def test_dflash_ablation_has_no_markov_or_confidence_terms():
     lo = block_loss(d, feats, last, ids, mask, torch.tensor([2, 7]))
     assert lo.bce.item() == 0.0 and lo.conf_pred is None
     assert lo.loss.item() == pytest.approx(0.1 * lo.ce.item() + 0.9 * lo.l1.item(), rel=1e-5)
+
+
+def test_compiled_vocab_terms_equal_eager():
+    g = torch.Generator().manual_seed(0)
+    for A in (3, 5):  # two anchor counts: the compiled graph is shape-dynamic
+        z = torch.randn(A, 4, 96, generator=g, requires_grad=True)
+        bias = torch.randn(A, 4, 96, generator=g, requires_grad=True)
+        p = torch.randn(A, 4, 96, generator=g)
+        lab = torch.randint(0, 96, (A, 4), generator=g)
+        eager = vocab_terms(z, bias, p, lab)
+        grads_e = torch.autograd.grad(sum(x.sum() for x in eager), (z, bias))
+        comp = _compiled_vocab_terms()(z, bias, p, lab)
+        grads_c = torch.autograd.grad(sum(x.sum() for x in comp), (z, bias))
+        for a, b in zip(eager + grads_e, comp + grads_c, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        ce_ref = F.cross_entropy((z + bias).flatten(0, 1), lab.flatten(), reduction="none").view(A, 4)
+        torch.testing.assert_close(eager[1], ce_ref)

@@ -61,6 +61,7 @@ def _fit(args: argparse.Namespace) -> int:
     from dspark.cli import load_target
     from dspark.models.drafter import DSparkDrafter
     from dspark.training.features import FeatureCache
+    from dspark.training.init import init_from_target
     from dspark.training.objective import LossWeights
     from dspark.training.trainer import TrainConfig, train
 
@@ -85,6 +86,7 @@ def _fit(args: argparse.Namespace) -> int:
         markov_rank=args.markov_rank,
         enable_confidence_head=False if args.no_confidence else None,
     )
+    init_from_target(drafter, target, args.init)
     n = len(cache)
     hold = min(args.holdout, n - 1)
     indices = list(range(n - hold)) if hold > 0 else None
@@ -96,10 +98,11 @@ def _fit(args: argparse.Namespace) -> int:
         warmup_ratio=args.warmup_ratio,
         grad_clip=args.grad_clip,
         bf16=args.bf16,
+        compile_loss=not args.no_compile_loss,
         seed=args.seed,
         log_every=args.log_every,
         save_every=args.save_every,
-        weights=LossWeights(decay=args.decay),
+        weights=LossWeights(ce=args.ce_weight, l1=args.l1_weight, decay=args.decay),
     )
     logs = train(drafter, cache, cfg, args.out, indices=indices)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -171,6 +174,19 @@ def add_train_parser(sub) -> None:
     t.add_argument("--grad-clip", type=float, default=1.0)
     t.add_argument("--decay", type=float, default=4.0)
     t.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward")
+    t.add_argument(
+        "--no-compile-loss",
+        action="store_true",
+        help="run the vocabulary-sized loss terms eagerly (by default they go through torch.compile)",
+    )
+    t.add_argument(
+        "--init",
+        choices=("random", "norm", "early", "late"),
+        default="random",
+        help="warm start from the target: final norm + last-tap fc ('norm'), plus its first/last layers",
+    )
+    t.add_argument("--ce-weight", type=float, default=0.1)
+    t.add_argument("--l1-weight", type=float, default=0.9)
     t.add_argument("--save-bf16", action="store_true", help="store the final weights in bf16")
     t.add_argument("--holdout", type=int, default=0, help="last N cached sequences are not trained on")
     t.add_argument("--seed", type=int, default=42)

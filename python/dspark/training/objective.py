@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dspark.models.drafter import DSparkDrafter
+from dspark.models.heads import VanillaMarkovHead
 
 
 @dataclass
@@ -114,8 +115,15 @@ def block_loss(
     loss_mask: Tensor,
     anchors: Tensor,
     weights: LossWeights | None = None,
+    compile_loss: bool = False,
+    lm_head: Tensor | None = None,
 ) -> LossOutput:
-    """DeepSpec's loss for one sequence's anchors (module docstring); ``last_hidden`` ``(S, H)``."""
+    """DeepSpec's loss for one sequence's anchors (module docstring); ``last_hidden`` ``(S, H)``.
+
+    ``compile_loss`` runs the vocabulary-sized loss terms through ``torch.compile`` (~3-4x faster on CPU).
+    ``lm_head`` ``(V, H)``: the frozen LM head already in the compute dtype (saves a cast per call under
+    autocast); the drafter's (aliased) LM head by default.
+    """
     w = weights or LossWeights()
     c = drafter.config
     dev = drafter.device
@@ -123,27 +131,32 @@ def block_loss(
     ids = input_ids.to(dev)
     anchors = anchors.to(dev)
     hidden = block_hidden(drafter, features, ids, anchors)  # [A, g, H]
-    U = F.linear(hidden, drafter.lm_head_weight)  # [A, g, V]
+    head_w = drafter.lm_head_weight if lm_head is None else lm_head
+    U = F.linear(hidden, head_w)  # [A, g, V]
     lab_pos = anchors.unsqueeze(1) + 1 + torch.arange(g, device=dev)  # [A, g]
     in_range = lab_pos < S
     lab_pos_c = lab_pos.clamp(max=S - 1)
     counted = (in_range & loss_mask.to(dev)[lab_pos_c]).to(torch.int64).cumprod(1).bool()  # contiguous prefix
     labels = ids[lab_pos_c]
     prev = torch.cat([ids[anchors].unsqueeze(1), labels[:, :-1]], 1)  # teacher forcing
-    if drafter.markov_head is not None:
-        z = drafter.markov_head(U, prev, hidden)
-        prev_emb = drafter.markov_head.markov_w1(prev)
-    else:
-        z = U.float()
+    head = drafter.markov_head
+    bias = None
+    if head is None:
+        z = U
         prev_emb = hidden.new_zeros(*hidden.shape[:2], 0)
+    else:
+        prev_emb = head.markov_w1(prev)
+        if isinstance(head, VanillaMarkovHead):  # z = U + W2·W1[prev], added inside the fused loss terms
+            z, bias = U, head.markov_w2(prev_emb)
+        else:
+            z = head(U, prev, hidden)
     with torch.no_grad():
-        t_rows = last_hidden.to(dev, drafter.lm_head_weight.dtype)[
+        t_rows = last_hidden.to(dev, head_w.dtype)[
             (anchors.unsqueeze(1) + torch.arange(g, device=dev)).clamp(max=S - 1)
         ]
-        p_t = torch.softmax(F.linear(t_rows, drafter.lm_head_weight).float(), -1)
-    logq = torch.log_softmax(z.float(), -1)
-    l1 = (logq.exp() - p_t).abs().sum(-1)  # [A, g]
-    ce = F.cross_entropy(logq.flatten(0, 1), labels.flatten(), reduction="none").view_as(l1)
+        p_logits = F.linear(t_rows, head_w)
+    terms = _compiled_vocab_terms() if compile_loss else vocab_terms
+    l1, ce = terms(z, bias, p_logits, labels)  # [A, g]
     pos_w = torch.exp(-torch.arange(g, device=dev, dtype=torch.float32) / w.decay)
     wt = counted.float() * pos_w
     denom = wt.sum().clamp_min(1e-6)
@@ -163,6 +176,31 @@ def block_loss(
         n = counted.sum(0)
         acc = ((1 - 0.5 * l1) * counted).sum(0) / n.clamp_min(1)
     return LossOutput(loss, ce_m.detach(), l1_m.detach(), bce_m.detach(), acc, n, conf_pred)
+
+
+def vocab_terms(z: Tensor, bias: Tensor | None, p_logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """``L1 = Σ_v |q - softmax(p_logits)|`` and ``CE = -log q[label]`` with ``q = softmax(z + bias)``, fp32.
+
+    ``z``, ``bias`` (optional), ``p_logits``: ``[..., V]`` (any float dtype); ``labels``: ``[...]`` int64;
+    both outputs ``[...]``. The vocabulary-sized passes dominate a CPU training step;
+    :func:`_compiled_vocab_terms` fuses them (same values).
+    """
+    z = z.float() if bias is None else z.float() + bias.float()
+    logq = torch.log_softmax(z, -1)
+    p = torch.softmax(p_logits.float(), -1)
+    l1 = (logq.exp() - p).abs().sum(-1)
+    ce = -logq.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return l1, ce
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled_vocab_terms():
+    """:func:`vocab_terms` through ``torch.compile`` (dynamic shapes: the anchor count varies per sequence)."""
+    if "vocab_terms" not in _COMPILED:
+        _COMPILED["vocab_terms"] = torch.compile(vocab_terms, dynamic=True)
+    return _COMPILED["vocab_terms"]
 
 
 def tau_estimate(accept: Tensor) -> float:

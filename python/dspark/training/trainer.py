@@ -36,6 +36,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     bf16: bool = False
+    compile_loss: bool = False  # torch.compile the vocabulary-sized loss terms (needs a C++ compiler on CPU)
     seed: int = 42
     log_every: int = 10
     save_every: int = 200
@@ -149,6 +150,9 @@ def train(
     acc_sum = torch.zeros(drafter.config.block_size, dtype=torch.float64)
     cnt_sum = torch.zeros(drafter.config.block_size, dtype=torch.float64)
     terms = torch.zeros(4, dtype=torch.float64)  # loss, ce, l1, bce
+    autocast_bf16 = cfg.bf16 and drafter.device.type == "cpu"
+    # the LM head is frozen: cast it to the autocast dtype once instead of once per forward
+    lm_head = drafter.lm_head_weight.detach().to(torch.bfloat16) if autocast_bf16 else None
     for step in range(start, cfg.steps):
         lr = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup_ratio)
         for group in opt.param_groups:
@@ -161,11 +165,17 @@ def train(
             anchors = sample_anchors(s.loss_mask, cfg.num_anchors, gen)
             if anchors.numel() == 0:
                 continue
-            with torch.autocast(
-                "cpu", dtype=torch.bfloat16, enabled=cfg.bf16 and drafter.device.type == "cpu"
-            ):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
                 lo = block_loss(
-                    drafter, s.features, s.last_hidden, s.input_ids, s.loss_mask, anchors, cfg.weights
+                    drafter,
+                    s.features,
+                    s.last_hidden,
+                    s.input_ids,
+                    s.loss_mask,
+                    anchors,
+                    cfg.weights,
+                    compile_loss=cfg.compile_loss,
+                    lm_head=lm_head,
                 )
             (lo.loss / cfg.batch_seqs).backward()
             terms += torch.tensor(
