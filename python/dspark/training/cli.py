@@ -61,7 +61,7 @@ def _fit(args: argparse.Namespace) -> int:
     from dspark.cli import load_target
     from dspark.models.drafter import DSparkDrafter
     from dspark.training.features import FeatureCache
-    from dspark.training.init import init_from_target
+    from dspark.training.init import feature_rms, init_from_target
     from dspark.training.objective import LossWeights
     from dspark.training.trainer import TrainConfig, train
 
@@ -86,7 +86,10 @@ def _fit(args: argparse.Namespace) -> int:
         markov_rank=args.markov_rank,
         enable_confidence_head=False if args.no_confidence else None,
     )
-    init_from_target(drafter, target, args.init)
+    rms = None
+    if not args.no_feature_scaling:  # per-channel RMS of (up to) 64 cached sequences
+        rms = feature_rms([cache[i].features for i in range(min(64, len(cache)))])
+    init_from_target(drafter, target, args.init, rms)
     n = len(cache)
     hold = min(args.holdout, n - 1)
     indices = list(range(n - hold)) if hold > 0 else None
@@ -184,6 +187,11 @@ def add_train_parser(sub) -> None:
         choices=("random", "norm", "early", "late"),
         default="random",
         help="warm start from the target: final norm + last-tap fc ('norm'), plus its first/last layers",
+    )
+    t.add_argument(
+        "--no-feature-scaling",
+        action="store_true",
+        help="do not rescale fc's input channels by their RMS on the training features",
     )
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--l1-weight", type=float, default=0.9)
