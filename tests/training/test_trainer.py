@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 
@@ -125,3 +126,33 @@ def test_two_process_gloo_equals_single_process(tmp_path):
     for k, v in single.items():
         torch.testing.assert_close(got[0][k], got[1][k], msg=k)  # ranks agree
         torch.testing.assert_close(got[0][k], v, atol=1e-5, rtol=1e-4, msg=k)  # = one process, same batches
+
+
+def test_fit_cli_warm_start_bf16_and_summary(tmp_path, monkeypatch):
+    import dspark.cli as cli
+
+    t, d, cache = _setup(tmp_path)
+    monkeypatch.setattr(cli, "load_target", lambda spec: (t, None))
+    out = tmp_path / "cli_run"
+    argv = ["train", "fit", "--features", str(tmp_path / "feats"), "--out", str(out), "--num-layers", "1"]
+    argv += [
+        "--block-size",
+        "4",
+        "--markov-rank",
+        "8",
+        "--steps",
+        "3",
+        "--batch-seqs",
+        "2",
+        "--num-anchors",
+        "8",
+    ]
+    argv += ["--init", "norm", "--feature-scaling", "--bf16", "--no-compile-loss", "--log-every", "1"]
+    argv += ["--ce-weight", "0.5"]
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["config"]["init"] == "norm" and summary["config"]["ce_weight"] == "0.5"
+    lines = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in lines)
+    loaded = DSparkDrafter.from_pretrained(out / "final", target=t)
+    assert loaded.config.target_layer_ids == cache.layer_ids and loaded.markov_head is not None

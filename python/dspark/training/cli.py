@@ -87,7 +87,7 @@ def _fit(args: argparse.Namespace) -> int:
         enable_confidence_head=False if args.no_confidence else None,
     )
     rms = None
-    if not args.no_feature_scaling:  # per-channel RMS of (up to) 64 cached sequences
+    if args.feature_scaling:  # per-channel RMS of (up to) 64 cached sequences
         rms = feature_rms([cache[i].features for i in range(min(64, len(cache)))])
     init_from_target(drafter, target, args.init, rms)
     n = len(cache)
@@ -189,9 +189,9 @@ def add_train_parser(sub) -> None:
         help="warm start from the target: final norm + last-tap fc ('norm'), plus its first/last layers",
     )
     t.add_argument(
-        "--no-feature-scaling",
+        "--feature-scaling",
         action="store_true",
-        help="do not rescale fc's input channels by their RMS on the training features",
+        help="rescale fc's input channels by their RMS on the training features (see dspark.training.init)",
     )
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--l1-weight", type=float, default=0.9)
