@@ -155,3 +155,26 @@ def test_compiled_vocab_terms_equal_eager():
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         ce_ref = F.cross_entropy((z + bias).flatten(0, 1), lab.flatten(), reduction="none").view(A, 4)
         torch.testing.assert_close(eager[1], ce_ref)
+    import dspark.training.objective as obj
+
+    assert not obj._COMPILED.get("failed")  # the compiled path really ran (no silent eager fallback)
+
+
+def test_compile_failure_falls_back_to_eager_with_a_warning(monkeypatch):
+    import dspark.training.objective as obj
+
+    def broken(fn, **kw):
+        def call(*a):
+            raise RuntimeError("no C++ compiler")
+
+        return call
+
+    monkeypatch.setattr(obj, "_COMPILED", {})
+    monkeypatch.setattr(obj.torch, "compile", broken)
+    g = torch.Generator().manual_seed(1)
+    z, p = torch.randn(2, 3, 16, generator=g), torch.randn(2, 3, 16, generator=g)
+    lab = torch.randint(0, 16, (2, 3), generator=g)
+    with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
+        got = obj._compiled_vocab_terms()(z, None, p, lab)
+    for a, b in zip(got, vocab_terms(z, None, p, lab), strict=True):
+        torch.testing.assert_close(a, b)

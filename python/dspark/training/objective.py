@@ -20,6 +20,7 @@ With ``markov_rank = 0`` and no confidence head the same code trains the DFlash 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -197,9 +198,29 @@ _COMPILED: dict[str, object] = {}
 
 
 def _compiled_vocab_terms():
-    """:func:`vocab_terms` through ``torch.compile`` (dynamic shapes: the anchor count varies per sequence)."""
+    """:func:`vocab_terms` through ``torch.compile`` (dynamic shapes: the anchor count varies per sequence).
+
+    If compiling fails (no C++ compiler for inductor, an unsupported backend), one warning names the error and
+    the eager :func:`vocab_terms` is used from then on: same values, slower.
+    """
     if "vocab_terms" not in _COMPILED:
-        _COMPILED["vocab_terms"] = torch.compile(vocab_terms, dynamic=True)
+        compiled = torch.compile(vocab_terms, dynamic=True)
+
+        def run(*args):
+            if _COMPILED.get("failed"):
+                return vocab_terms(*args)
+            try:
+                return compiled(*args)
+            except Exception as e:  # noqa: BLE001 - any compile failure falls back to the same eager math
+                _COMPILED["failed"] = True
+                warnings.warn(
+                    f"compile_loss: torch.compile of the loss terms failed ({type(e).__name__}: {e}); "
+                    "using the eager loss terms",
+                    stacklevel=2,
+                )
+                return vocab_terms(*args)
+
+        _COMPILED["vocab_terms"] = run
     return _COMPILED["vocab_terms"]
 
 
