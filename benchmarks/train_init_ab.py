@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 def held_out_tau(drafter, cache, indices: list[int]) -> tuple[float, list[float]]:
     """Greedy τ and the per-slot argmax match rate, teacher forced, over ``indices`` of ``cache``."""
-    from dspark.training.objective import block_hidden
+    from dspark.training.objective import block_hidden, block_labels
 
     g = drafter.config.block_size
     lead_sum, blocks = 0.0, 0
@@ -31,14 +31,10 @@ def held_out_tau(drafter, cache, indices: list[int]) -> tuple[float, list[float]
         for i in indices:
             s = cache[i]
             m, ids = s.loss_mask.bool(), s.input_ids
-            S = m.numel()
             anchors = torch.nonzero(m[:-1] & m[1:]).view(-1)
             hidden = block_hidden(drafter, s.features, ids, anchors)
             U = F.linear(hidden, drafter.lm_head_weight)
-            lab_pos = anchors[:, None] + 1 + torch.arange(g)
-            inside = ((lab_pos < S) & m[lab_pos.clamp(max=S - 1)]).long().cumprod(1).bool()
-            labels = ids[lab_pos.clamp(max=S - 1)]
-            prev = torch.cat([ids[anchors][:, None], labels[:, :-1]], 1)
+            labels, inside, prev = block_labels(ids, m, anchors, g)
             z = U.float() if drafter.markov_head is None else drafter.markov_head(U, prev, hidden)
             hit = (z.argmax(-1) == labels) & inside
             lead = hit.long().cumprod(1).sum(1)

@@ -21,18 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from dspark.models.drafter import DSparkDrafter
+from dspark.models.target import _decoder_layers
+from dspark.training.features import _final_norm
 
 INIT_MODES = ("random", "norm", "early", "late")
-
-
-def _target_layers(target: nn.Module) -> nn.ModuleList:
-    base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
-    return base.layers
-
-
-def _final_norm_weight(target: nn.Module) -> torch.Tensor:
-    base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
-    return base.norm.weight
 
 
 def feature_rms(features: Sequence[Tensor]) -> Tensor:
@@ -63,7 +55,7 @@ def init_from_target(
     if rms is not None and (rms.shape != (m * H,) or not bool(torch.isfinite(rms).all())):
         raise ValueError(f"rms: expected {m * H} finite per-channel values, got shape {tuple(rms.shape)}")
     if mode != "random":
-        drafter.norm.weight.copy_(_final_norm_weight(target))
+        drafter.norm.weight.copy_(_final_norm(target).weight)
         drafter.fc.weight.zero_()
         drafter.fc.weight[:, (m - 1) * H :].copy_(torch.eye(H))
     if rms is not None:
@@ -71,7 +63,12 @@ def init_from_target(
         drafter.fc.weight.mul_((r.mean() / r).to(drafter.fc.weight))
     if mode in ("random", "norm"):
         return
-    src = list(_target_layers(target))
+    layers = _decoder_layers(target)
+    if layers is None:
+        raise ValueError(
+            f"mode {mode!r}: {type(target).__name__} has no decoder layers `model.layers` to copy"
+        )
+    src = list(layers)
     n = len(drafter.layers)
     if n > len(src):
         raise ValueError(f"mode {mode!r}: the drafter has {n} layers, the target only {len(src)}")

@@ -95,6 +95,21 @@ def block_hidden(drafter: DSparkDrafter, features: Tensor, input_ids: Tensor, an
     return drafter.norm(x).view(A, g, -1)
 
 
+def block_labels(
+    input_ids: Tensor, loss_mask: Tensor, anchors: Tensor, g: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per anchor and slot: ``labels`` ``x[a+1+j]``, ``counted`` (the contiguous prefix of slots whose label is a
+    response token) and the teacher-forced previous tokens ``prev = [x_a, x_{a+1} .. x_{a+g-1}]``; all ``(A, g)``.
+    """
+    S = input_ids.numel()
+    lab_pos = anchors.unsqueeze(1) + 1 + torch.arange(g, device=input_ids.device)  # [A, g]
+    lab_pos_c = lab_pos.clamp(max=S - 1)
+    counted = ((lab_pos < S) & loss_mask[lab_pos_c]).to(torch.int64).cumprod(1).bool()
+    labels = input_ids[lab_pos_c]
+    prev = torch.cat([input_ids[anchors].unsqueeze(1), labels[:, :-1]], 1)
+    return labels, counted, prev
+
+
 @dataclass
 class LossOutput:
     """Total loss and the per-term / per-position diagnostics of one batch."""
@@ -134,12 +149,7 @@ def block_loss(
     hidden = block_hidden(drafter, features, ids, anchors)  # [A, g, H]
     head_w = drafter.lm_head_weight if lm_head is None else lm_head
     U = F.linear(hidden, head_w)  # [A, g, V]
-    lab_pos = anchors.unsqueeze(1) + 1 + torch.arange(g, device=dev)  # [A, g]
-    in_range = lab_pos < S
-    lab_pos_c = lab_pos.clamp(max=S - 1)
-    counted = (in_range & loss_mask.to(dev)[lab_pos_c]).to(torch.int64).cumprod(1).bool()  # contiguous prefix
-    labels = ids[lab_pos_c]
-    prev = torch.cat([ids[anchors].unsqueeze(1), labels[:, :-1]], 1)  # teacher forcing
+    labels, counted, prev = block_labels(ids, loss_mask.to(dev), anchors, g)
     head = drafter.markov_head
     bias = None
     if head is None:
