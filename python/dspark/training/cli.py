@@ -24,6 +24,7 @@ def _regenerate(args: argparse.Namespace) -> int:
             "dspark train regenerate: no prompts (give --prompts FILE.jsonl and/or --sharegpt N)"
         )
     target, tok = load_target(args.target)
+    target.to(getattr(torch, args.dtype))
     res = regenerate(
         target,
         tok,
@@ -35,6 +36,7 @@ def _regenerate(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         token_budget=args.token_budget,
         seed=args.seed,
+        engine=args.engine,
     )
     print(json.dumps(res))
     return 0
@@ -48,6 +50,7 @@ def _features(args: argparse.Namespace) -> int:
     from dspark.training.features import FeatureCache
 
     target, _ = load_target(args.target)
+    target.to(getattr(torch, args.dtype))
     layers = args.layers or default_target_layer_ids(target_num_layers(target), args.taps)
     rows = read_regenerated(args.data)
     if args.limit:
@@ -149,6 +152,18 @@ def add_train_parser(sub) -> None:
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--token-budget", type=int, default=None)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument(
+        "--engine",
+        choices=("hf", "dspark"),
+        default="hf",
+        help="hf: HF generate on length-sorted batches (fastest on CPU); dspark: continuous batching",
+    )
+    r.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="target dtype while generating (bfloat16 is ~1.7x faster on CPUs with AMX)",
+    )
     r.set_defaults(fn=_regenerate)
 
     f = st.add_parser("features", help="cache the target's tapped features as bf16 safetensors shards")
@@ -159,6 +174,12 @@ def add_train_parser(sub) -> None:
     f.add_argument("--taps", type=int, default=5)
     f.add_argument("--shard-size", type=int, default=128)
     f.add_argument("--limit", type=int, default=None)
+    f.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="target dtype while computing features (they are stored as bf16 either way)",
+    )
     f.set_defaults(fn=_features)
 
     t = st.add_parser("fit", help="train the drafter on cached features (torchrun for several processes)")

@@ -143,11 +143,12 @@ def regenerate(
             skipped += 1
             continue
         todo.append((p.id, ids))
-    if engine == "hf":  # padding waste is smallest for similar lengths
-        todo.sort(key=lambda t: len(t[1]))
-    else:  # a budget-limited run still sees every source
-        order = torch.randperm(len(todo), generator=torch.Generator().manual_seed(seed)).tolist()
-        todo = [todo[i] for i in order]
+    # shuffled, so a budget-limited run still sees every source
+    order = torch.randperm(len(todo), generator=torch.Generator().manual_seed(seed)).tolist()
+    todo = [todo[i] for i in order]
+    if engine == "hf":  # padding waste is smallest for similar lengths: sort within windows of 8 batches
+        w = batch_size * 8
+        todo = [t for i in range(0, len(todo), w) for t in sorted(todo[i : i + w], key=lambda t: len(t[1]))]
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     dev = next(target.parameters()).device
@@ -177,6 +178,7 @@ def regenerate(
                         max_new_tokens=max_new_tokens,
                         temperature=temperature,
                         seed=seed + b,
+                        eos_token_id=eos,
                         speculative=False,
                     )
                     resps = out.sequences
