@@ -21,7 +21,13 @@ def _demo(args: argparse.Namespace) -> int:
     """SmolLM2-135M-Instruct with the bundled drafter: answers, then plain decoding vs DSpark."""
     from dspark.demo import DEMO_PROMPTS, run_demo
 
-    run_demo(args.prompt or DEMO_PROMPTS, max_new_tokens=args.max_new_tokens, planner=args.planner)
+    run_demo(
+        args.prompt or DEMO_PROMPTS,
+        max_new_tokens=args.max_new_tokens,
+        planner=args.planner,
+        dtype=getattr(torch, args.dtype),
+        drafter_dtype=None if args.drafter_dtype == "auto" else getattr(torch, args.drafter_dtype),
+    )
     return 0
 
 
@@ -136,6 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument(
         "--planner", default="early_stop", choices=["full", "threshold", "early_stop", "lagged_topk"]
+    )
+    d.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="target dtype (bfloat16: faster on CPUs with AMX, but greedy texts can part at near-ties)",
+    )
+    d.add_argument(
+        "--drafter-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: bfloat16 on CPUs with AMX / AVX-512 BF16, else the target's (exactness holds either way)",
     )
     d.set_defaults(fn=_demo)
     o = sub.add_parser("tour", help="a tour of the planner ops on synthetic drafter outputs")

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from dspark import DSparkDecoder, Planner, SpsTable
+from dspark import DSparkDecoder, DSparkDrafter, Planner, SpsTable
 from dspark.decoding.planner import PlanResult
 from dspark.reference import plan_verify_anticipating_ref
 from tests.decoding.toy_models import markov_chain_target, markov_drafter
@@ -78,10 +78,14 @@ def chi_square_p(counts, probs, n):
 APPENDIX_A_CONF = [math.log(0.9 / 0.1), -9.0, math.log(0.8 / 0.2), -9.0]
 
 
-def run(planner, temperature, top_k=0, top_p=1.0, n=N, seed=0):
+def run(planner, temperature, top_k=0, top_p=1.0, n=N, seed=0, drafter_dir=None):
     table = chain_table()
     target = markov_chain_target(table)
     drafter = markov_drafter(target, table, noise=1.0, block_size=3, conf_logits=APPENDIX_A_CONF)
+    if drafter_dir is not None:  # the same drafter in bf16 (its own cast copy of the fp32 target's LM head)
+        drafter.save_pretrained(drafter_dir, include_embeddings=False)
+        drafter = DSparkDrafter.from_pretrained(drafter_dir, target=target, dtype=torch.bfloat16)
+        assert drafter.dtype == torch.bfloat16
     dec = DSparkDecoder(target, drafter, planner=planner, max_batch_size=n)
     try:
         out = dec.generate(
@@ -121,6 +125,14 @@ def test_first_three_tokens_follow_the_target(mode, temperature, top_k, top_p):
     pval, tv, stats = run(planner, temperature, top_k, top_p)
     assert pval > 1e-3 and tv < TV_MAX, (pval, tv)
     assert 0 < stats.rejected_drafts < stats.verified_drafts  # drafts are both accepted and rejected
+
+
+@pytest.mark.slow
+def test_a_bf16_drafter_for_an_fp32_target_keeps_its_distribution(tmp_path):
+    planner = Planner("early_stop", batch_sps(N), threshold=0.5)
+    pval, tv, stats = run(planner, 1.0, drafter_dir=tmp_path / "d")
+    assert pval > 1e-3 and tv < TV_MAX, (pval, tv)
+    assert 0 < stats.rejected_drafts < stats.verified_drafts
 
 
 class AnticipatingPlanner(Planner):

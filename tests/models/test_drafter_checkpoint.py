@@ -291,3 +291,23 @@ def test_from_config_scaled_rope_target():
     assert d.config.to_dict()["rope_parameters"] == {"rope_theta": 500000.0, "rope_type": "default"}
     with pytest.raises(ValueError, match="rope_type"):
         DrafterConfig.from_dict({**d.config.to_dict(), "rope_parameters": rope})
+
+
+def test_bf16_drafter_for_fp32_target_keeps_one_cast_copy(tmp_path):
+    from tests.decoding.toy_models import tiny_target
+
+    target = tiny_target("llama", vocab=64, layers=4)
+    target.lm_head.weight = target.model.embed_tokens.weight  # tied, like SmolLM2
+    d32 = DSparkDrafter.from_config(target, block_size=4, num_layers=1, markov_rank=8)
+    d32.save_pretrained(tmp_path / "d", include_embeddings=False)
+    d = DSparkDrafter.from_pretrained(tmp_path / "d", target=target, dtype="bfloat16")
+    assert d.dtype == torch.bfloat16 and d.shares_embeddings == {"embed_tokens": False, "lm_head": False}
+    assert (
+        d.lm_head_weight.dtype == torch.bfloat16 and d.lm_head_weight.data_ptr() == d.embed_weight.data_ptr()
+    )
+    assert torch.equal(d.lm_head_weight, target.lm_head.weight.to(torch.bfloat16))
+    assert target.lm_head.weight.dtype == torch.float32  # the target is untouched
+    with pytest.raises(ValueError, match="dtype"):  # an explicit alias still needs the same dtype
+        DSparkDrafter.from_pretrained(
+            tmp_path / "d", target=target, dtype="bfloat16", share_target_embeddings=True
+        )

