@@ -89,6 +89,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions per case (default 7)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument(
+        "--drafter-dtypes",
+        default="float32,bfloat16",
+        help="drafter dtypes to time against the fp32 target (bf16 keeps its own cast LM head copy)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -101,45 +106,53 @@ def main() -> None:
     target = smollm2_target()
     decode = {R: decode_step_fn(target, R, context) for R in rs}
     rows = []
-    for layers in layers_list:
-        for rank in ranks:
-            drafter = DSparkDrafter.from_config(
-                target, block_size=7, num_layers=layers, markov_rank=rank, target_layer_ids=[1, 9, 17, 25]
-            )
-            width = drafter.config.num_taps * drafter.config.hidden_size
-            for R in rs:
-                drafter.finish_all()
-                gen = torch.Generator().manual_seed(R)
-                ids = list(range(R))
-                drafter.append_context(ids, [torch.randn(context, width, generator=gen) for _ in ids])
-                anchors = torch.randint(0, 49152, (R,), generator=gen)
-                # check: greedy tokens are the argmax of the corrected logits, survival is the conf cumprod
-                out = drafter.draft(ids, anchors, 0.0)
-                assert torch.equal(out.tokens[:, 0], out.draft_logits[:, 0].argmax(-1))
-                torch.testing.assert_close(out.survival, out.conf.cumprod(-1))
+    dtypes = [getattr(torch, d.strip()) for d in args.drafter_dtypes.split(",") if d.strip()]
+    for layers, rank, dt in ((a, b, c) for a in layers_list for b in ranks for c in dtypes):
+        drafter = DSparkDrafter.from_config(
+            target,
+            block_size=7,
+            num_layers=layers,
+            markov_rank=rank,
+            target_layer_ids=[1, 9, 17, 25],
+            dtype=dt,
+            share_embeddings=dt == torch.float32,  # another dtype needs its own cast copy
+        )
+        width = drafter.config.num_taps * drafter.config.hidden_size
+        for R in rs:
+            drafter.finish_all()
+            gen = torch.Generator().manual_seed(R)
+            ids = list(range(R))
+            drafter.append_context(ids, [torch.randn(context, width, generator=gen) for _ in ids])
+            anchors = torch.randint(0, 49152, (R,), generator=gen)
+            # check: greedy tokens are the argmax of the corrected logits, survival is the conf cumprod
+            out = drafter.draft(ids, anchors, 0.0)
+            assert torch.equal(out.tokens[:, 0], out.draft_logits[:, 0].argmax(-1))
+            torch.testing.assert_close(out.survival, out.conf.cumprod(-1))
 
-                def greedy(d=drafter, ids=ids, anchors=anchors):
-                    d.draft(ids, anchors, 0.0, seed=1, offset=0)
+            def greedy(d=drafter, ids=ids, anchors=anchors):
+                d.draft(ids, anchors, 0.0, seed=1, offset=0)
 
-                def sampled(d=drafter, ids=ids, anchors=anchors):
-                    d.draft(ids, anchors, 1.0, seed=1, offset=0)
+            def sampled(d=drafter, ids=ids, anchors=anchors):
+                d.draft(ids, anchors, 1.0, seed=1, offset=0)
 
-                best = interleaved_min([decode[R], greedy, sampled], reps)
-                row = dict(layers=layers, rank=rank, R=R, context=context)
-                row.update(decode_us=best[0], greedy_us=best[1], sampled_us=best[2])
-                row.update(greedy_frac=best[1] / best[0], sampled_frac=best[2] / best[0])
-                rows.append(row)
-            del drafter
+            best = interleaved_min([decode[R], greedy, sampled], reps)
+            row = dict(layers=layers, rank=rank, dtype=str(dt).removeprefix("torch."), R=R, context=context)
+            row.update(decode_us=best[0], greedy_us=best[1], sampled_us=best[2])
+            row.update(greedy_frac=best[1] / best[0], sampled_frac=best[2] / best[0])
+            rows.append(row)
+        del drafter
 
     print(
-        f"\n## drafter round vs SmolLM2-135M decode step (CPU, {torch.get_num_threads()} threads, fp32, "
+        f"\n## drafter round vs SmolLM2-135M decode step (CPU, {torch.get_num_threads()} threads, fp32 target, "
         f"context {context}, block 7, min of {reps} interleaved runs)\n"
     )
-    print("| layers | r | R | decode step (ms) | round greedy (ms) | / decode | round T=1 (ms) | / decode |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| layers | r | drafter dtype | R | decode step (ms) | round greedy (ms) | / decode | round T=1 (ms) | / decode |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['layers']} | {r['rank']} | {r['R']} | {r['decode_us'] / 1e3:.2f} | {r['greedy_us'] / 1e3:.2f} | "
+            f"| {r['layers']} | {r['rank']} | {r['dtype']} | {r['R']} | {r['decode_us'] / 1e3:.2f} | {r['greedy_us'] / 1e3:.2f} | "
             f"{r['greedy_frac']:.2f} | {r['sampled_us'] / 1e3:.2f} | {r['sampled_frac']:.2f} |"
         )
     if args.json:
