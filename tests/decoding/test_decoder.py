@@ -202,3 +202,28 @@ def test_mismatched_drafter_fails_before_anything_runs():
     b = tiny_target("llama", vocab=80)
     with pytest.raises(ValueError, match="vocab_size"):
         DSparkDecoder(b, random_drafter(a))
+
+
+@pytest.mark.parametrize(
+    "mode,markov_rank,speculative,per_round",
+    [
+        ("full", 8, True, 1),  # every draft verified: only the round's results are read
+        ("early_stop", 8, True, 2),  # + the plan, whose verify lengths shape the target batch
+        ("lagged_topk", 8, True, 2),
+        ("early_stop", 0, True, 1),  # DFlash (no confidence head): nothing to plan with
+        ("full", 8, False, 1),  # plain decoding through the engine
+    ],
+)
+def test_host_reads_per_round(mode, markov_rank, speculative, per_round):
+    target = tiny_target("llama", seed=5)
+    drafter = random_drafter(target, markov_rank=markov_rank)
+    prompts = prompts_of([4, 9, 13], 96, seed=5)
+    want = [hf_greedy(target, p, 10) for p in prompts]
+    dec = DSparkDecoder(target, drafter, planner=mode, sps_table=SPS, max_batch_size=8)
+    try:
+        out = dec.generate(prompts, max_new_tokens=10, eos_token_id=[], speculative=speculative)
+    finally:
+        dec.close()
+    assert out.sequences == want
+    rounds = out.stats.rounds
+    assert rounds > 0 and dec.host.syncs == 1 + per_round * rounds  # + 1: the prefill's first tokens

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dspark.decoding.host_sync import HostReader
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
@@ -219,6 +220,7 @@ class DSparkDecoder:
         self._offset = 0
         self.max_positions = getattr(target.config, "max_position_embeddings", None)
         self.round_observer = round_observer
+        self.host = HostReader()  # every device -> host read of a round goes through it (counted)
 
     # ------------------------------------------------------------------ public API
     def close(self) -> None:
@@ -467,17 +469,21 @@ class DSparkDecoder:
             kw["penalty_indptr"] = torch.tensor(ptr, dtype=torch.int64, device=dev)
         return kw
 
-    def _accept(self, logits, qo, q, tokens, verify_len, rs, cfg, seed) -> tuple[Tensor, Tensor]:
-        if not bool(torch.isfinite(logits).all()):
-            raise RuntimeError("target verify: the target produced NaN/inf logits")
+    def _accept(self, logits, qo, q, tokens, verify_len, rs, cfg, seed) -> tuple[Tensor, Tensor, Tensor]:
+        """Rejection sampling; ``(accepted, out_tokens, logits_finite)``, all on the device (nothing read)."""
         dev = logits.device
         R = len(rs)
         temp = torch.full((R,), cfg["temperature"], dtype=torch.float32, device=dev)
         rids = torch.tensor([r.rid for r in rs], dtype=torch.int64, device=dev)
         offset = self._offset
         self._offset += 1
-        return rejection_sample(
-            logits.float(),
+        logits = logits.float()
+        finite = torch.isfinite(logits).all()
+        # NaN/inf rows would make the sampler's output meaningless; they are replaced here so it runs safely and
+        # the round is failed on the host (before anything is committed) from the ``finite`` flag
+        logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
+        accepted, out_tokens = rejection_sample(
+            logits,
             torch.tensor(qo, dtype=torch.int32, device=dev),
             q,
             tokens,
@@ -488,6 +494,7 @@ class DSparkDecoder:
             rids,
             **self._sample_params(rs, cfg, dev),
         )
+        return accepted, out_tokens, finite
 
     def _prefill(self, rs: list[_Request], cfg: dict, seed: int, stats: DSparkStats) -> None:
         """Put prompts (and, for preempted requests, their committed tokens) in the caches; draw first tokens."""
@@ -512,11 +519,14 @@ class DSparkDecoder:
             dummy_q = torch.zeros(len(new), 1, V, dtype=torch.float32, device=logits.device)
             dummy_x = torch.zeros(len(new), 1, dtype=torch.int64, device=logits.device)
             vl = torch.ones(len(new), dtype=torch.int32)
-            _, out_tokens = self._accept(
+            _, out_tokens, finite = self._accept(
                 logits, list(range(len(new) + 1)), dummy_q, dummy_x, vl, new, cfg, seed
             )
+            out_tokens, finite = self.host.fetch(out_tokens[:, 0], finite)
+            if not bool(finite):
+                raise RuntimeError("target verify: the target produced NaN/inf logits")
             for j, r in enumerate(new):
-                self._commit(r, [int(out_tokens[j, 0])])
+                self._commit(r, [int(out_tokens[j])])
         for r in rs:
             if r.generated and not r.stop.finished:
                 r.anchor = r.generated[-1]
@@ -528,6 +538,12 @@ class DSparkDecoder:
         return kept
 
     def _round(self, rs: list[_Request], cfg: dict, seed: int, speculative: bool, stats: DSparkStats) -> None:
+        """draft -> Markov sampling -> plan -> one ragged verify -> rejection sampling -> commit.
+
+        Host reads: one per round (accepted counts and tokens, NaN flags, survival for the stats), plus one for
+        the plan when a planner mode other than ``full`` decides the verify lengths (they shape the target's
+        packed batch). Draft tokens go to the target without passing through the host.
+        """
         rs = [r for r in rs if r.started and not r.stop.finished]
         if not rs:
             return
@@ -535,40 +551,59 @@ class DSparkDecoder:
         dev = self.adapter.device
         anchors = torch.tensor([r.anchor for r in rs], dtype=torch.int64)
         survival = conf_logit = None
+        q_finite = None
         t0 = time.perf_counter()
         if speculative:
             d = self.drafter.draft(
                 [r.rid for r in rs], anchors, cfg["temperature"], seed, self._offset, self.sts
             )
             self._offset += 1
-            drafts, q = d.tokens[:, :g], d.draft_logits[:, :g].float().contiguous()
-            if not bool(torch.isfinite(q).all()):
-                raise RuntimeError("draft: the drafter produced NaN/inf logits")
+            V = self.drafter.config.vocab_size
+            q = d.draft_logits[:, :g].float()
+            q_finite = torch.isfinite(
+                q
+            ).all()  # read with the round's results; sanitised so the round can run
+            q = torch.nan_to_num(q, nan=0.0, posinf=0.0, neginf=0.0).contiguous()
+            drafts = d.tokens[:, :g].clamp(0, V - 1)
             t1 = time.perf_counter()
             stats.add_time("markov_sample", d.markov_seconds)
             stats.add_time("draft", t1 - t0 - d.markov_seconds)
+            full = torch.full((R,), g + 1, dtype=torch.int32)
             if d.survival is not None:
                 survival = d.survival[:, :g].contiguous()
                 conf_logit = d.conf_logit[:, :g]
                 plan = self.planner.plan(survival, [r.rid for r in rs])
-                verify_len, budget = plan.verify_len.cpu(), int(plan.budget)
+                if plan.mode == "full":  # every draft is verified: nothing to read
+                    verify_len, budget = full, R * g
+                else:
+                    verify_len, budget_t = self.host.fetch(plan.verify_len, plan.budget)
+                    budget = int(budget_t)
             else:  # no confidence head (DFlash): nothing to plan with
-                verify_len, budget = torch.full((R,), g + 1, dtype=torch.int32), R * g
+                verify_len, budget = full, R * g
             t0 = time.perf_counter()
             stats.add_time("plan", t0 - t1)
+            rows = torch.cat([anchors.to(drafts.device)[:, None], drafts], 1)  # [R, 1 + γ] on the device
         else:
             V = self.drafter.config.vocab_size
             drafts = torch.zeros(R, 1, dtype=torch.int64, device=dev)
             q = torch.zeros(R, 1, V, dtype=torch.float32, device=dev)
             verify_len, budget = torch.ones(R, dtype=torch.int32), 0
-        lens = verify_len.tolist()
-        batch = []
-        for i, r in enumerate(rs):
-            batch.append((r.rid, [r.anchor] + drafts[i, : lens[i] - 1].tolist(), "all"))
+            rows = anchors[:, None]
+        lens = verify_len.tolist()  # a CPU tensor here
+        batch = [(r.rid, rows[i, : lens[i]], "all") for i, r in enumerate(rs)]
         out = self.adapter.forward(batch, layers=self.taps)
         t1 = time.perf_counter()
         stats.add_time("verify", t1 - t0)
-        accepted, out_tokens = self._accept(out.logits, out.qo_indptr, q, drafts, verify_len, rs, cfg, seed)
+        accepted, out_tokens, l_finite = self._accept(
+            out.logits, out.qo_indptr, q, drafts, verify_len, rs, cfg, seed
+        )
+        acc_h, tokens_h, l_ok, q_ok, surv_h = self.host.fetch(
+            accepted, out_tokens, l_finite, q_finite, survival
+        )
+        if q_ok is not None and not bool(q_ok):
+            raise RuntimeError("draft: the drafter produced NaN/inf logits")
+        if not bool(l_ok):
+            raise RuntimeError("target verify: the target produced NaN/inf logits")
         t0 = time.perf_counter()
         stats.add_time("accept", t0 - t1)
         if speculative and self.round_observer is not None:
@@ -586,8 +621,8 @@ class DSparkDecoder:
                 )
             )
             t0 = time.perf_counter()  # the observer's time is not the commit's
-        acc = accepted.tolist()
-        emitted_rows = out_tokens.tolist()
+        acc = acc_h.tolist()
+        emitted_rows = tokens_h.tolist()
         emitted, cont_ids, cont_rows = [], [], []
         for i, r in enumerate(rs):
             a = acc[i]
@@ -602,5 +637,5 @@ class DSparkDecoder:
         if cont_ids:  # one batched append of the committed rows' target features
             feats = self._features(out, torch.cat([torch.arange(s, s + n) for s, n in cont_rows]))
             self.drafter.append_context(cont_ids, list(feats.split([n for _, n in cont_rows])))
-        stats.record_round(lens, acc, emitted, survival.tolist() if survival is not None else None, budget)
+        stats.record_round(lens, acc, emitted, surv_h.tolist() if surv_h is not None else None, budget)
         stats.add_time("commit", time.perf_counter() - t0)
