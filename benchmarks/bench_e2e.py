@@ -480,9 +480,9 @@ def read_prompt_sets(paths: list[Path] | None, n: int, quick: bool) -> list[tupl
 
 
 def resolve_drafter(
-    spec: str, target: torch.nn.Module, tokenizer: Any, quick: bool
+    spec: str, target: torch.nn.Module, tokenizer: Any, quick: bool, dtype: torch.dtype | None = None
 ) -> tuple[DSparkDrafter, str, Path | None, Path | None]:
-    """``(drafter, description, sps path, sts path)`` for ``--drafter bundled|random|PATH``."""
+    """``(drafter, description, sps path, sts path)`` for ``--drafter bundled|random|PATH`` in ``dtype``."""
     if spec == "bundled":
         try:
             from dspark.models.bundled import bundled_drafter
@@ -497,16 +497,19 @@ def resolve_drafter(
             print(f"({e}: quick mode uses --drafter random)")
             spec = "random"
         else:
-            drafter = DSparkDrafter.from_pretrained(info.path, target=target, tokenizer=tokenizer)
+            drafter = DSparkDrafter.from_pretrained(
+                info.path, target=target, tokenizer=tokenizer, dtype=dtype
+            )
             return drafter, f"bundled {info.name}", info.sps, info.sts
     if spec == "random":
         torch.manual_seed(0)
         drafter = DSparkDrafter.from_config(target, block_size=7, num_layers=1, markov_rank=64)
         return drafter, "random (untrained)", None, None
     path = Path(spec)
-    drafter = DSparkDrafter.from_pretrained(path, target=target, tokenizer=tokenizer)
-    sps, sts = path / "sps.json", path / "sts.json"
-    return drafter, str(path), sps if sps.is_file() else None, sts if sts.is_file() else None
+    drafter = DSparkDrafter.from_pretrained(path, target=target, tokenizer=tokenizer, dtype=dtype)
+    sps = next((path / n for n in ("costs.json", "sps.json") if (path / n).is_file()), None)
+    sts = path / "sts.json"
+    return drafter, str(path), sps, sts if sts.is_file() else None
 
 
 def _optional_path(value: str | None, default: Path | None) -> Path | None:
@@ -554,6 +557,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the short untimed runs")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument(
+        "--drafter-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: bfloat16 on CPUs with AMX / AVX-512 BF16 (the demo's choice), else the target's",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     ap.add_argument(
         "--quick", action="store_true", help="CI size: 2 prompts x 16 tokens, batch 1 2, T = 0, no warm-up"
@@ -589,14 +598,22 @@ def main(argv: list[str] | None = None) -> int:
 
     target, tok = load_target(args.target)
     target.to(device=args.device, dtype=getattr(torch, args.dtype))
-    drafter, drafter_name, sps, sts = resolve_drafter(args.drafter, target, tok, args.quick)
+    if args.drafter_dtype != "auto":
+        ddtype = getattr(torch, args.drafter_dtype)
+    elif args.device == "cpu":
+        from dspark.demo import fast_drafter_dtype
+
+        ddtype = fast_drafter_dtype(target.dtype)
+    else:
+        ddtype = target.dtype
+    drafter, drafter_name, sps, sts = resolve_drafter(args.drafter, target, tok, args.quick, ddtype)
     sps, sts = _optional_path(args.sps, sps), _optional_path(args.sts, sts)
     dflash = None
     if args.dflash == "random":
         torch.manual_seed(0)
         dflash = DSparkDrafter.from_config(target, block_size=7, num_layers=1, markov_rank=0)
     elif args.dflash:
-        dflash = DSparkDrafter.from_pretrained(args.dflash, target=target, tokenizer=tok)
+        dflash = DSparkDrafter.from_pretrained(args.dflash, target=target, tokenizer=tok, dtype=ddtype)
 
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = target.generation_config.eos_token_id
@@ -608,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
 
     setup = (
-        f"{args.target} ({args.dtype}, {args.device}, {torch.get_num_threads()} threads), drafter {drafter_name}, "
+        f"{args.target} ({args.dtype}, {args.device}, {torch.get_num_threads()} threads), drafter {drafter_name} ({drafter.dtype}), "
         f"SPS {sps or 'none'}, STS {sts or 'none'}"
     )
     eos_rule = "EOS ignored" if args.ignore_eos else "EOS stops"
@@ -693,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "drafter": {
                 "name": drafter_name,
+                "dtype": str(drafter.dtype).removeprefix("torch."),
                 "sps": str(sps) if sps else None,
                 "sts": str(sts) if sts else None,
             },
