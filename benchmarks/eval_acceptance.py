@@ -71,6 +71,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--planner", default="full")
+    ap.add_argument(
+        "--drafter-dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="drafter dtype (default: the target's); bf16 drafts faster on CPUs with AMX",
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
     args = ap.parse_args()
@@ -78,7 +84,9 @@ def main() -> None:
     drafters = {}
     for spec in args.drafter:
         name, _, path = spec.partition("=")
-        drafters[name] = DSparkDrafter.from_pretrained(path, target=target, tokenizer=tok)
+        drafters[name] = DSparkDrafter.from_pretrained(
+            path, target=target, tokenizer=tok, dtype=args.drafter_dtype
+        )
     sts = dict(s.split("=", 1) for s in args.sts)
     sets = {
         p.stem: [chat_token_ids(tok, x.text) for x in read_prompt_file(p, limit=args.limit)]
