@@ -560,9 +560,8 @@ class DSparkDecoder:
             self._offset += 1
             V = self.drafter.config.vocab_size
             q = d.draft_logits[:, :g].float()
-            q_finite = torch.isfinite(
-                q
-            ).all()  # read with the round's results; sanitised so the round can run
+            # the NaN/inf flag is read with the round's results; q is sanitised so the round can run
+            q_finite = torch.isfinite(q).all()
             q = torch.nan_to_num(q, nan=0.0, posinf=0.0, neginf=0.0).contiguous()
             drafts = d.tokens[:, :g].clamp(0, V - 1)
             t1 = time.perf_counter()
