@@ -39,3 +39,32 @@ def test_profile_command(tmp_path, capsys):
     assert (out / "profile.png").read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out
     assert "verify forward (ms)" in printed and "R=2" in printed and "sps.json" in printed
+
+
+def test_profile_times_a_checkpoint_in_the_asked_dtype(tmp_path):
+    from dspark import DSparkDrafter
+
+    torch.set_num_threads(1)
+    model_dir = tmp_path / "tiny-llama"
+    target = tiny_model("llama", layers=4)
+    target.save_pretrained(model_dir)
+    DSparkDrafter.from_config(target, block_size=3, num_layers=1, markov_rank=8).save_pretrained(
+        tmp_path / "d", include_embeddings=False
+    )
+    out = tmp_path / "profile"
+    argv = ["profile", "--target", str(model_dir), "--drafter", str(tmp_path / "d"), "--out", str(out)]
+    argv += [
+        "--batch-sizes",
+        "1",
+        "--context",
+        "8",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--quiet",
+        "--no-plot",
+    ]
+    assert main([*argv, "--drafter-dtype", "bfloat16"]) == 0
+    meta = CostTable.load(out / "costs.json").metadata
+    assert meta["drafter"]["dtype"] == "bfloat16" and meta["dtype"] == "float32"  # the target stays fp32

@@ -36,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=7, help="random drafter: block size γ")
     p.add_argument("--drafter-layers", type=int, default=1, help="random drafter: layers")
     p.add_argument("--markov-rank", type=int, default=64, help="random drafter: Markov head rank")
+    p.add_argument(
+        "--drafter-dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="checkpoint drafter's dtype (default: the target's); time the dtype you will decode with",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for CPU timing")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -113,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             f"random (layers {args.drafter_layers}, markov_rank {args.markov_rank}, block {args.block_size})"
         )
     elif args.drafter != "none":
-        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target)
+        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=args.drafter_dtype)
         drafter_name = str(args.drafter)
     table = profile_costs(
         target,

@@ -293,6 +293,7 @@ def profile_costs(
         c = drafter.config
         meta["drafter"] = {
             "num_hidden_layers": c.num_hidden_layers,
+            "dtype": str(drafter.dtype).removeprefix("torch."),
             "markov_rank": c.markov_rank,
             "block_size": c.block_size,
             "target_layer_ids": list(c.target_layer_ids),
