@@ -111,7 +111,7 @@ def regenerate(
     temperature: float = 0.0,
     token_budget: int | None = None,
     seed: int = 0,
-    engine: str = "dspark",
+    engine: str = "hf",
     progress: bool = True,
 ) -> dict:
     """Let the target answer each prompt and append ``{"id", "prompt_ids", "response_ids", "finish"}`` rows.
