@@ -156,7 +156,7 @@ def add_train_parser(sub) -> None:
         "--engine",
         choices=("hf", "dspark"),
         default="hf",
-        help="hf: HF generate on length-sorted batches (fastest on CPU); dspark: continuous batching",
+        help="hf: HF generate on length-sorted padded batches; dspark: continuous batching (frees slots early)",
     )
     r.add_argument(
         "--dtype",
