@@ -311,3 +311,14 @@ def test_bf16_drafter_for_fp32_target_keeps_one_cast_copy(tmp_path):
         DSparkDrafter.from_pretrained(
             tmp_path / "d", target=target, dtype="bfloat16", share_target_embeddings=True
         )
+
+
+def test_saved_weights_get_the_usual_file_permissions(tmp_path):
+    import stat
+
+    from tests.decoding.toy_models import tiny_target
+
+    d = DSparkDrafter.from_config(tiny_target("llama", vocab=64, layers=4), block_size=3, markov_rank=4)
+    d.save_pretrained(tmp_path / "d", include_embeddings=False)
+    mode = lambda name: stat.S_IMODE((tmp_path / "d" / name).stat().st_mode)  # noqa: E731
+    assert mode("model.safetensors") == mode("config.json")  # both follow the umask (not owner-only)

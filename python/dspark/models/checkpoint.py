@@ -109,6 +109,10 @@ def write_checkpoint(path: str | os.PathLike, cfg: DrafterConfig, tensors: dict[
         seen.add(t.untyped_storage().data_ptr())
         flat[name] = t
     save_file(flat, str(root / WEIGHTS_NAME), metadata={"format": "pt"})
+    # safetensors creates the file owner-only (0600); give it the permissions any other new file gets
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(root / WEIGHTS_NAME, 0o666 & ~umask)
     with open(root / CONFIG_NAME, "w") as f:
         json.dump(cfg.to_dict(), f, indent=2, sort_keys=True)
         f.write("\n")
