@@ -586,6 +586,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------------------- main
+
+
+def _add(runs: list[Run], where: str, run: Run) -> None:
+    """Append ``run``, printing one progress line to stderr: a full run takes tens of minutes on a CPU."""
+    runs.append(run)
+    if run.available:
+        print(
+            f"  [{where}, batch {run.batch}] {run.method}: {run.tokens_per_second:.1f} tok/s ({run.seconds:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -641,14 +654,23 @@ def main(argv: list[str] | None = None) -> int:
         for set_name, prompts in sets:
             for temp in args.temperatures:
                 runs: list[Run] = []
+                where = f"{set_name}, T = {temp:g}"
                 for b in args.batch:
-                    runs.append(run_hf(target, prompts, batch=b, temperature=temp, pad_id=pad_id, **common))
+                    _add(
+                        runs,
+                        where,
+                        run_hf(target, prompts, batch=b, temperature=temp, pad_id=pad_id, **common),
+                    )
                     if b == 1:
-                        runs.append(
-                            run_prompt_lookup(target, prompts, temperature=temp, pad_id=pad_id, **common)
+                        _add(
+                            runs,
+                            where,
+                            run_prompt_lookup(target, prompts, temperature=temp, pad_id=pad_id, **common),
                         )
                     else:
-                        runs.append(
+                        _add(
+                            runs,
+                            where,
                             Run(
                                 PROMPT_LOOKUP,
                                 b,
@@ -656,10 +678,12 @@ def main(argv: list[str] | None = None) -> int:
                                 0.0,
                                 available=False,
                                 note="HF runs it at batch 1 only: see the batch-1 row",
-                            )
+                            ),
                         )
                     for planner in args.planners:
-                        runs.append(
+                        _add(
+                            runs,
+                            where,
                             run_dspark(
                                 target,
                                 tok,
@@ -673,10 +697,12 @@ def main(argv: list[str] | None = None) -> int:
                                 sts=sts,
                                 block_size=args.block_size,
                                 **common,
-                            )
+                            ),
                         )
                     if dflash is not None:
-                        runs.append(
+                        _add(
+                            runs,
+                            where,
                             run_dspark(
                                 target,
                                 tok,
@@ -688,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
                                 temperature=temp,
                                 block_size=args.block_size,
                                 **common,
-                            )
+                            ),
                         )
                 case = Case(set_name, temp, len(prompts), runs)
                 fill_ratios(case)

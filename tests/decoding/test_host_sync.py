@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HostReader: one counted read point returns every tensor's values on the CPU."""
+"""HostReader: one counted read point returns every tensor's values on the CPU; to_device copies without a wait."""
 
 import pytest
 import torch
 
-from dspark.decoding.host_sync import HostReader
+from dspark.decoding.host_sync import HostReader, to_device
 
 
 def _check(device):
@@ -31,3 +31,26 @@ def test_fetch_on_cuda_waits_once_for_all_copies():
         x += 1
     (y,) = HostReader().fetch(x)
     assert float(y.min()) == 50.0 and float(y.max()) == 50.0
+
+
+def test_to_device_on_cpu_builds_casts_and_passes_through():
+    x = to_device([1, 2, 3], "cpu", torch.int32)
+    assert x.dtype == torch.int32 and x.tolist() == [1, 2, 3]
+    t = torch.arange(4)
+    assert to_device(t, "cpu") is t  # already there: no copy
+    assert to_device(t, "cpu", torch.float32).dtype == torch.float32
+
+
+@pytest.mark.cuda
+def test_to_device_on_cuda_copies_without_a_sync():
+    x = torch.zeros(1 << 20, device="cuda")
+    for _ in range(50):  # queued work the copy must not wait for on the host
+        x += 1
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = to_device(list(range(1000)), "cuda", torch.int64)
+        z = to_device(torch.arange(7, dtype=torch.int32), torch.device("cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert y.device.type == "cuda" and z.device.type == "cuda"
+    assert y.cpu().tolist() == list(range(1000)) and z.cpu().tolist() == list(range(7))

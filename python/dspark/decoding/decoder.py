@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dspark.decoding.host_sync import HostReader
+from dspark.decoding.host_sync import HostReader, to_device
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
@@ -208,8 +208,9 @@ class DSparkDecoder:
         self.planner = (
             planner if isinstance(planner, Planner) else Planner(planner, sps_table, threshold, lag)
         )
-        self.sts = _load_sts(sts, max(gamma, 1))
         self.adapter = TargetAdapter(target, page_size=page_size, max_pages=max_kv_pages)
+        sts_t = _load_sts(sts, max(gamma, 1))  # on the device once, not copied every round
+        self.sts = None if sts_t is None else sts_t.to(self.adapter.device)
         self.taps = list(drafter.config.target_layer_ids)
         if any(t < 0 for t in self.taps):
             raise NotImplementedError(
@@ -448,6 +449,7 @@ class DSparkDecoder:
         self.drafter.finish(r.rid)
 
     def _features(self, out, rows: Tensor) -> Tensor:
+        rows = to_device(rows, out.hidden[self.taps[0]].device)  # a CPU index would copy (and sync) per layer
         return torch.cat([out.hidden[layer][rows] for layer in self.taps], -1)
 
     def _sample_params(self, rs: list[_Request], cfg: dict, dev) -> dict:
@@ -462,11 +464,11 @@ class DSparkDecoder:
             kw["repetition_penalty"] = torch.full(
                 (R,), cfg["repetition_penalty"], dtype=torch.float32, device=dev
             )
-            kw["penalty_tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int64, device=dev)
+            kw["penalty_tokens"] = to_device([t for s in seqs for t in s], dev, torch.int64)
             ptr = [0]
             for s in seqs:
                 ptr.append(ptr[-1] + len(s))
-            kw["penalty_indptr"] = torch.tensor(ptr, dtype=torch.int64, device=dev)
+            kw["penalty_indptr"] = to_device(ptr, dev, torch.int64)
         return kw
 
     def _accept(self, logits, qo, q, tokens, verify_len, rs, cfg, seed) -> tuple[Tensor, Tensor, Tensor]:
@@ -474,7 +476,7 @@ class DSparkDecoder:
         dev = logits.device
         R = len(rs)
         temp = torch.full((R,), cfg["temperature"], dtype=torch.float32, device=dev)
-        rids = torch.tensor([r.rid for r in rs], dtype=torch.int64, device=dev)
+        rids = to_device([r.rid for r in rs], dev, torch.int64)
         offset = self._offset
         self._offset += 1
         logits = logits.float()
@@ -484,10 +486,10 @@ class DSparkDecoder:
         logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
         accepted, out_tokens = rejection_sample(
             logits,
-            torch.tensor(qo, dtype=torch.int32, device=dev),
+            to_device(qo, dev, torch.int32),
             q,
             tokens,
-            verify_len.to(device=dev, dtype=torch.int32),
+            to_device(verify_len, dev, torch.int32),
             temp,
             seed,
             offset,
@@ -581,7 +583,9 @@ class DSparkDecoder:
                 verify_len, budget = full, R * g
             t0 = time.perf_counter()
             stats.add_time("plan", t0 - t1)
-            rows = torch.cat([anchors.to(drafts.device)[:, None], drafts], 1)  # [R, 1 + γ] on the device
+            rows = torch.cat(
+                [to_device(anchors, drafts.device)[:, None], drafts], 1
+            )  # [R, 1 + γ] on the device
         else:
             V = self.drafter.config.vocab_size
             drafts = torch.zeros(R, 1, dtype=torch.int64, device=dev)

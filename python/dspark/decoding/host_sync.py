@@ -6,12 +6,38 @@ target's packed batch; the accepted counts and tokens, which finished-request bo
 Reading them one by one (``.tolist()``, ``bool(...)``) would stall the GPU once per value. :class:`HostReader`
 queues every copy asynchronously and waits once, and counts the waits so that tests can hold the decoder to
 its budget (docs/decoder.md, "Host synchronisation").
+
+The other direction matters as much: ``torch.tensor(list, device="cuda")`` copies from pageable memory, and
+PyTorch synchronises the stream for such a copy. :func:`to_device` stages host values in pinned memory and
+queues the copy behind the work already launched, so the per-round index tensors cost no wait.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
+
+
+def to_device(
+    values: Tensor | Sequence[int] | Sequence[float],
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """``values`` (a host tensor or a list) as a tensor on ``device``, without waiting for the device.
+
+    On CUDA the values are staged in pinned memory and copied ``non_blocking`` (the caching host allocator keeps
+    the staging buffer alive until the copy has run); elsewhere this is ``tensor.to(device)``. A tensor already
+    on ``device`` is returned as it is (cast to ``dtype`` when given).
+    """
+    t = values if isinstance(values, Tensor) else torch.tensor(values, dtype=dtype)
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    dev = torch.device(device)
+    if t.device.type == "cpu" and dev.type == "cuda":
+        return t.pin_memory().to(dev, non_blocking=True)
+    return t.to(dev)
 
 
 class HostReader:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from dspark.decoding.host_sync import to_device
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
 
 if TYPE_CHECKING:
@@ -246,8 +247,8 @@ class Planner:
                 pos = {rid: i for i, rid in enumerate(old_ids)}
                 dst = [i for i, rid in enumerate(request_ids) if rid in pos]
                 if dst:
-                    src = torch.tensor([pos[request_ids[i]] for i in dst], device=survival.device)
-                    lagged[torch.tensor(dst, device=survival.device)] = old.index_select(0, src)
+                    src = to_device([pos[request_ids[i]] for i in dst], survival.device, torch.int64)
+                    lagged[to_device(dst, survival.device, torch.int64)] = old.index_select(0, src)
         return lagged
 
     def plan(self, survival: Tensor, request_ids: Sequence[int] | None = None) -> PlanResult:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from dspark.decoding.host_sync import to_device
+
 
 class KVPoolExhausted(RuntimeError):
     """Raised when a request would need more pages than the pool has free; nothing was changed."""
@@ -185,7 +187,7 @@ class PagePool:
             indices.extend(req.pages)
             indptr.append(len(indices))
             last.append(req.length - (len(req.pages) - 1) * self.page_size if req.pages else 0)
-        as_i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+        as_i32 = lambda x: to_device(x, device, torch.int32)  # noqa: E731 (pinned + async on CUDA)
         return PagedBatchIndex(as_i32(indptr), as_i32(indices), as_i32(last))
 
     def check(self) -> None:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dspark.decoding.host_sync import to_device
 from dspark.models import checkpoint as ckpt
 from dspark.models.config import DrafterConfig, dtype_from_name
 from dspark.models.context import RequestContext
@@ -475,9 +476,9 @@ class DSparkDrafter(nn.Module):
         c = self.config
         R, g = anchors.shape[0], c.block_size
         tok = torch.full((R, g), c.mask_token_id, dtype=torch.int64, device=self.device)
-        tok[:, 0] = anchors.to(self.device)
+        tok[:, 0] = to_device(anchors, self.device)
         x = F.embedding(tok.view(-1), self.embed_weight).to(self.dtype)  # [R*g, H]
-        start_t = torch.tensor(list(starts), dtype=torch.int64, device=self.device)
+        start_t = to_device(list(starts), self.device, torch.int64)
         pos = (start_t.unsqueeze(1) + torch.arange(g, device=self.device)).view(-1)
         cos, sin = self.rotary_emb.cos_sin(pos, self.dtype)
         scale = c.head_dim**-0.5
@@ -548,6 +549,7 @@ class DSparkDrafter(nn.Module):
             raise ValueError(f"request_ids: must be distinct, got {ids}")
         if anchors.shape != (R,):
             raise ValueError(f"anchors: expected shape ({R},), got {tuple(anchors.shape)}")
+        # the decoder passes host anchors, so this check costs no device read
         if bool(((anchors < 0) | (anchors >= self.config.vocab_size)).any()):
             raise ValueError(f"anchors: token ids must be in [0, {self.config.vocab_size})")
         ctxs = [self._contexts.get(i) for i in ids]
@@ -565,8 +567,8 @@ class DSparkDrafter(nn.Module):
                 ctx.reserve(ctx.length + self.config.block_size)
         hidden = self.backbone(anchors, ctxs, starts)
         U = F.linear(hidden, self.lm_head_weight)  # [R, γ, V]
-        anchors = anchors.to(self.device, torch.int64)
-        ids_dev = ids_t.to(self.device)
+        anchors = to_device(anchors, self.device, torch.int64)
+        ids_dev = to_device(ids_t, self.device)
         t_markov = time.perf_counter()
         if self.markov_head is not None:
             s: MarkovSample = self.markov_head.sample(U, anchors, temperature, seed, offset, hidden, ids_dev)

@@ -14,6 +14,7 @@ has the signature of the ``markov_sample`` op (plus explicit request ids), so th
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import Tensor, nn
@@ -60,6 +61,10 @@ def gumbel_noise(seed: int, offset: int, request_ids: Tensor, gamma: int, vocab:
 
 
 def _as_temperature(temperature: float | Tensor, R: int, device: torch.device) -> Tensor:
+    if isinstance(temperature, (int, float)):  # checked on the host, filled on the device: no copy, no wait
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError("temperature must be finite and >= 0")
+        return torch.full((R,), float(temperature), dtype=torch.float32, device=device)
     t = torch.as_tensor(temperature, dtype=torch.float32, device=device)
     t = t.expand(R) if t.dim() == 0 else t
     if t.shape != (R,):
@@ -78,7 +83,9 @@ class _Sampler:
             request_ids = torch.arange(R, device=device)
         self.sampled = self.t > 0
         self.noise = None
-        if bool(self.sampled.any()):
+        # a Python temperature answers on the host; a tensor one has to be read
+        any_sampled = temperature > 0 if isinstance(temperature, (int, float)) else bool(self.sampled.any())
+        if any_sampled:
             self.noise = gumbel_noise(seed, offset, request_ids.to(device), gamma, V)
         self.safe_t = torch.where(self.sampled, self.t, torch.ones_like(self.t)).unsqueeze(-1)
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from dspark.decoding.host_sync import to_device
 from dspark.kv import PagePool
 from dspark.ops import paged_kv_append, paged_verify_attention
 
@@ -374,8 +375,8 @@ class TargetAdapter:
         meta = _Meta(
             k_cache=self.k_cache,
             v_cache=self.v_cache,
-            slot_mapping=torch.cat(slots).to(dev),
-            qo_indptr=torch.tensor(qo, dtype=torch.int32, device=dev),
+            slot_mapping=to_device(torch.cat(slots), dev),
+            qo_indptr=to_device(qo, dev, torch.int32),
             kv_indptr=index.kv_indptr,
             kv_indices=index.kv_indices,
             kv_last_page_len=index.kv_last_page_len,
@@ -392,10 +393,10 @@ class TargetAdapter:
             handles.append(self._layers[layer].register_forward_hook(hook))
         try:
             out = self.model(
-                input_ids=torch.cat(tokens).unsqueeze(0).to(dev),
-                position_ids=torch.cat(positions).unsqueeze(0).to(dev),
+                input_ids=torch.cat([to_device(t, dev) for t in tokens])[None],
+                position_ids=to_device(torch.cat(positions), dev)[None],
                 use_cache=False,
-                logits_to_keep=torch.cat(rows).to(dev),
+                logits_to_keep=to_device(torch.cat(rows), dev),
                 dspark_meta=meta,
             )
         finally:

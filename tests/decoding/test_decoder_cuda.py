@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DSparkDecoder on CUDA: greedy output equals the target's own greedy decoding on the same device, and a
+round waits for the device only at its counted read points (skipped without a GPU and a CUDA build).
+
+PyTorch's sync debug mode warns on every synchronising call (``.item()``, blocking copies in either direction,
+``stream.synchronize()``); the decoder's only sanctioned ones are :class:`HostReader` reads, which it counts.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from dspark import DSparkDecoder
+from tests.decoding.test_decoder import MODES, SPS, prompts_of
+from tests.decoding.toy_models import random_drafter, tiny_target
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _hf_greedy(model, prompt, n):
+    ids = torch.tensor([prompt], device="cuda")
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=n,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def _count_syncs(fn):
+    """``(fn(), number of synchronising CUDA calls inside fn)``."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return result, sum("synchroniz" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rounds_sync_only_at_counted_reads_and_greedy_equals_target(mode, temperature):
+    target = tiny_target("llama", seed=5).to("cuda")
+    drafter = random_drafter(target)
+    prompts = prompts_of([4, 9, 13, 2], 96, seed=5)
+    want = [_hf_greedy(target, p, 12) for p in prompts] if temperature == 0 else None
+    dec = DSparkDecoder(target, drafter, planner=mode, sps_table=SPS, threshold=0.3, max_batch_size=4)
+    try:
+        dec.generate(prompts[:1], max_new_tokens=3, eos_token_id=[])  # first-call allocations
+        before = dec.host.syncs
+        out, syncs = _count_syncs(
+            lambda: dec.generate(prompts, max_new_tokens=12, temperature=temperature, seed=3, eos_token_id=[])
+        )
+        counted = dec.host.syncs - before
+    finally:
+        dec.close()
+    if want is not None:
+        assert out.sequences == want
+    assert [len(s) for s in out.sequences] == [12] * len(prompts)
+    assert syncs == counted, f"{syncs - counted} synchronisation(s) besides the {counted} counted host reads"
