@@ -386,6 +386,15 @@ def _pooled(runs: list[Run]) -> DSparkStats | None:
     return total
 
 
+def _wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (stays inside [0, 1], sane at 0 and n)."""
+    p = successes / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
 def plots(cases: list[Case], out_dir: Path) -> list[Path]:
     """acceptance.png, verify_budget.png and speedup.png: one panel per (prompt set, temperature)."""
     import matplotlib
@@ -423,7 +432,9 @@ def plots(cases: list[Case], out_dir: Path) -> list[Path]:
         ax.legend(fontsize="small")
 
     # (1) conditional acceptance per draft position, pooled over batch sizes; the full planner is uncensored
-    for c, ax in panels("acceptance: P(accept draft k | drafts before k accepted), full planner"):
+    for c, ax in panels(
+        "acceptance: P(accept draft k | drafts before k accepted), full planner, 95% Wilson intervals"
+    ):
         dspark_runs = [r for r in c.runs if r.method.startswith("DSpark")]
         full = [r for r in dspark_runs if r.planner == "full"]
         for label, runs in (
@@ -435,10 +446,42 @@ def plots(cases: list[Case], out_dir: Path) -> list[Path]:
         ):
             st = _pooled(runs)
             if st is not None and st.gamma:
-                ax.plot(range(1, st.gamma + 1), st.conditional_acceptance, marker="o", label=label)
+                # late positions are reached rarely: 95% Wilson intervals and the counts keep that visible
+                ks = [k for k in range(st.gamma) if st.reached[k]]
+                p = [st.conditional_acceptance[k] for k in ks]
+                lo, hi = (
+                    zip(*(_wilson(st.accepted_at[k], st.reached[k]) for k in ks), strict=True)
+                    if ks
+                    else ((), ())
+                )
+                x = [k + 1 for k in ks]
+                bars = ax.errorbar(
+                    x,
+                    p,
+                    yerr=[
+                        [a - b for a, b in zip(p, lo, strict=True)],
+                        [b - a for a, b in zip(p, hi, strict=True)],
+                    ],
+                    marker="o",
+                    capsize=3,
+                    label=label,
+                )
+                for xk, pk, k in zip(x, p, ks, strict=True):
+                    ax.annotate(
+                        f"{st.reached[k]}",
+                        (xk, pk),
+                        textcoords="offset points",
+                        xytext=(5, 4),
+                        fontsize="x-small",
+                        color=bars[0].get_color(),
+                    )
                 ax.set_xticks(range(1, st.gamma + 1))
                 ax.set_xlim(0.5, st.gamma + 0.5)
-        ax.set(xlabel="draft position k", ylabel="conditional acceptance", ylim=(0, 1.02))
+        ax.set(
+            xlabel="draft position k (numbers: drafts that reached k)",
+            ylabel="conditional acceptance",
+            ylim=(0, 1.02),
+        )
         ax.legend(fontsize="small")
 
     # (2) drafts admitted to verification per round against batch size, per planner
