@@ -24,6 +24,10 @@ Methods, all on the same target, prompts (chat template applied to the first use
   drafter's STS temperatures and the SPS cost table (without a table the cost-driven planners verify every draft;
   the table says so).
 - ``DFlash full`` (with ``--dflash``): a drafter without a confidence head, so every draft is verified.
+- ``dspark plain (γ = 0)`` (``--plain``, on by default): the same engine without drafting (paged KV cache,
+  ragged batches, ``rejection_sample`` picking the token). It separates what speculation gains from what the
+  engine itself costs or saves against HF ``generate``: ``DSpark x`` over ``dspark plain`` is the speculative
+  speedup alone.
 
 With ``--ignore-eos`` (the default) EOS does not stop generation (``eos_token_id=[]`` for DSpark,
 ``eos_token_id=None`` for HF): every method produces exactly ``--max-new-tokens`` tokens per prompt, so tokens/s
@@ -65,6 +69,7 @@ FALLBACK_PROMPTS = [
     "List three uses of the binary search algorithm.",
 ]
 HF = "HF generate"
+PLAIN = "dspark plain (γ = 0)"
 PROMPT_LOOKUP = "HF prompt lookup"
 PROMPT_LOOKUP_TOKENS = 10
 STAGES = ("draft", "plan", "verify", "accept", "commit")
@@ -268,8 +273,12 @@ def run_dspark(
     seed: int = 0,
     repeats: int = 1,
     warmup: bool = True,
+    speculative: bool = True,
 ) -> Run:
-    """``DSparkDecoder.generate`` on all prompts, ``batch`` requests at a time (finished ones are replaced)."""
+    """``DSparkDecoder.generate`` on all prompts, ``batch`` requests at a time (finished ones are replaced).
+
+    ``speculative=False`` runs plain decoding through the same engine (no drafts; the row has no planner).
+    """
     has_conf = drafter.confidence_head is not None
     dec = DSparkDecoder(
         target,
@@ -293,6 +302,7 @@ def run_dspark(
                 repetition_penalty=1.0,
                 eos_token_id=eos_ids,
                 seed=seed,
+                speculative=speculative,
             )
 
         if warmup:
@@ -301,6 +311,8 @@ def run_dspark(
         effective = dec.planner.effective_mode if has_conf else "full"
     finally:
         dec.close()
+    if not speculative:
+        return Run(method, batch, out.sequences, secs, None, None, out.stats)
     return Run(method, batch, out.sequences, secs, planner, effective, out.stats)
 
 
@@ -486,7 +498,7 @@ def plots(cases: list[Case], out_dir: Path) -> list[Path]:
 
     # (2) drafts admitted to verification per round against batch size, per planner
     for c, ax in panels("verify_budget: drafts verified per round"):
-        spec = [r for r in c.runs if r.stats is not None]
+        spec = [r for r in c.runs if r.stats is not None and r.planner is not None]
         if spec:  # what verifying everything costs: batch x gamma
             bs = sorted({r.batch for r in spec})
             ax.plot(bs, [b * spec[0].stats.gamma for b in bs], color="0.7", linestyle=":", label="batch × γ")
@@ -582,6 +594,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="DSpark planners to run",
     )
     ap.add_argument("--block-size", type=int, default=None, help="drafts per round (default: the drafter's)")
+    ap.add_argument(
+        "--plain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the dspark engine without drafts (γ = 0), to separate engine from speculation (default: on)",
+    )
     ap.add_argument(
         "--prompts", type=Path, nargs="+", default=None, help="prompt sets ({'turns': [...]} JSONL)"
     )
@@ -721,6 +739,23 @@ def main(argv: list[str] | None = None) -> int:
                                 0.0,
                                 available=False,
                                 note="HF runs it at batch 1 only: see the batch-1 row",
+                            ),
+                        )
+                    if args.plain:
+                        _add(
+                            runs,
+                            where,
+                            run_dspark(
+                                target,
+                                tok,
+                                drafter,
+                                prompts,
+                                method=PLAIN,
+                                planner="full",
+                                batch=b,
+                                temperature=temp,
+                                speculative=False,
+                                **common,
                             ),
                         )
                     for planner in args.planners:
