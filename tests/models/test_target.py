@@ -134,6 +134,25 @@ def test_logit_row_selection_and_positions():
     torch.testing.assert_close(explicit.logits, full.logits, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_forward_skips_transformers_mask_preparation(family, monkeypatch):
+    # transformers' packed-sequence check reads position_ids back to the host: a device sync every forward
+    import transformers.masking_utils as mu
+
+    def fail(*args, **kwargs):
+        raise AssertionError("transformers prepared an attention mask (find_packed_sequence_indices ran)")
+
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", fail)
+    a = TargetAdapter(tiny_model(family, seed=4))
+    try:
+        a.add_request(0)
+        a.add_request(1)
+        out = a.forward([TargetInput(0, [1, 2, 3, 4]), TargetInput(1, [5, 6])])
+        assert out.logits.shape[0] == 6
+    finally:
+        a.close()
+
+
 def test_pool_exhaustion_changes_nothing():
     model = tiny_model("llama", seed=4)
     a = TargetAdapter(model, page_size=4, max_pages=4)

@@ -247,6 +247,10 @@ class TargetAdapter:
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
         ]
         self._layers = _decoder_layers(model)
+        # Handed to the model as its attention mask: transformers returns a 4-D mask as it is, before its
+        # packed-sequence check of position_ids, which reads a device value back (a sync on every forward).
+        # dspark attention ignores it and masks from the ragged metadata.
+        self._mask_placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
         register_dspark_attention()
         self._previous_attn = getattr(model.config, "_attn_implementation", None)
         model.set_attn_implementation(ATTN_NAME)
@@ -395,6 +399,7 @@ class TargetAdapter:
             out = self.model(
                 input_ids=torch.cat([to_device(t, dev) for t in tokens])[None],
                 position_ids=to_device(torch.cat(positions), dev)[None],
+                attention_mask=self._mask_placeholder,
                 use_cache=False,
                 logits_to_keep=to_device(torch.cat(rows), dev),
                 dspark_meta=meta,
