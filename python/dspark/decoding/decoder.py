@@ -583,9 +583,8 @@ class DSparkDecoder:
                 verify_len, budget = full, R * g
             t0 = time.perf_counter()
             stats.add_time("plan", t0 - t1)
-            rows = torch.cat(
-                [to_device(anchors, drafts.device)[:, None], drafts], 1
-            )  # [R, 1 + γ] on the device
+            # [R, 1 + γ] on the device
+            rows = torch.cat([to_device(anchors, drafts.device)[:, None], drafts], 1)
         else:
             V = self.drafter.config.vocab_size
             drafts = torch.zeros(R, 1, dtype=torch.int64, device=dev)
