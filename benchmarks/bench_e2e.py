@@ -38,6 +38,7 @@ With a random (untrained) drafter tau is about 1 and the ratio measures the roun
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -741,57 +742,38 @@ def main(argv: list[str] | None = None) -> int:
                                 note="HF runs it at batch 1 only: see the batch-1 row",
                             ),
                         )
+                    # the same target, batch size and sampling settings for every DSpark-engine row
+                    engine = functools.partial(run_dspark, target, tok, batch=b, temperature=temp, **common)
                     if args.plain:
                         _add(
                             runs,
                             where,
-                            run_dspark(
-                                target,
-                                tok,
-                                drafter,
-                                prompts,
-                                method=PLAIN,
-                                planner="full",
-                                batch=b,
-                                temperature=temp,
-                                speculative=False,
-                                **common,
-                            ),
+                            engine(drafter, prompts, method=PLAIN, planner="full", speculative=False),
                         )
                     for planner in args.planners:
                         _add(
                             runs,
                             where,
-                            run_dspark(
-                                target,
-                                tok,
+                            engine(
                                 drafter,
                                 prompts,
                                 method=f"DSpark {planner}",
                                 planner=planner,
-                                batch=b,
-                                temperature=temp,
                                 sps=sps,
                                 sts=sts,
                                 block_size=args.block_size,
-                                **common,
                             ),
                         )
                     if dflash is not None:
                         _add(
                             runs,
                             where,
-                            run_dspark(
-                                target,
-                                tok,
+                            engine(
                                 dflash,
                                 prompts,
                                 method="DFlash full",
                                 planner="full",
-                                batch=b,
-                                temperature=temp,
                                 block_size=args.block_size,
-                                **common,
                             ),
                         )
                 case = Case(set_name, temp, len(prompts), runs)
