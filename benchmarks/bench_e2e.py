@@ -312,8 +312,8 @@ def run_dspark(
         effective = dec.planner.effective_mode if has_conf else "full"
     finally:
         dec.close()
-    if not speculative:
-        return Run(method, batch, out.sequences, secs, None, None, out.stats)
+    if not speculative:  # plain decoding: no planner ran
+        planner = effective = None
     return Run(method, batch, out.sequences, secs, planner, effective, out.stats)
 
 
@@ -426,7 +426,7 @@ def plots(cases: list[Case], out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(
             len(sets), len(temps), figsize=(6 * len(temps), 4 * len(sets)), squeeze=False
         )
-        fig.suptitle(title, fontsize="medium")
+        fig.suptitle(title, fontsize="medium", wrap=True)
         for c in cases:
             ax = axes[sets.index(c.prompt_set)][temps.index(c.temperature)]
             ax.set_title(f"{c.prompt_set}, T = {c.temperature:g}", fontsize="medium")
@@ -462,18 +462,14 @@ def plots(cases: list[Case], out_dir: Path) -> list[Path]:
                 # late positions are reached rarely: 95% Wilson intervals and the counts keep that visible
                 ks = [k for k in range(st.gamma) if st.reached[k]]
                 p = [st.conditional_acceptance[k] for k in ks]
-                lo, hi = (
-                    zip(*(_wilson(st.accepted_at[k], st.reached[k]) for k in ks), strict=True)
-                    if ks
-                    else ((), ())
-                )
+                ci = [_wilson(st.accepted_at[k], st.reached[k]) for k in ks]
                 x = [k + 1 for k in ks]
                 bars = ax.errorbar(
                     x,
                     p,
                     yerr=[
-                        [a - b for a, b in zip(p, lo, strict=True)],
-                        [b - a for a, b in zip(p, hi, strict=True)],
+                        [pk - lo for pk, (lo, _) in zip(p, ci, strict=True)],
+                        [hi - pk for pk, (_, hi) in zip(p, ci, strict=True)],
                     ],
                     marker="o",
                     capsize=3,

@@ -18,9 +18,10 @@ def prompts_of(lengths, vocab, seed=0):
 
 
 def hf_greedy(model, prompt, n, eos=None):
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        ids,
+        attention_mask=torch.ones_like(ids),
         do_sample=False,
         max_new_tokens=n,
         eos_token_id=eos,

@@ -12,26 +12,13 @@ import pytest
 import torch
 
 from dspark import DSparkDecoder
-from tests.decoding.test_decoder import MODES, SPS, prompts_of
+from tests.decoding.test_decoder import MODES, SPS, hf_greedy, prompts_of
 from tests.decoding.toy_models import random_drafter, tiny_target
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-
-def _hf_greedy(model, prompt, n):
-    ids = torch.tensor([prompt], device="cuda")
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=n,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
 
 
 def _count_syncs(fn):
@@ -53,7 +40,7 @@ def test_rounds_sync_only_at_counted_reads_and_greedy_equals_target(mode, temper
     target = tiny_target("llama", seed=5).to("cuda")
     drafter = random_drafter(target)
     prompts = prompts_of([4, 9, 13, 2], 96, seed=5)
-    want = [_hf_greedy(target, p, 12) for p in prompts] if temperature == 0 else None
+    want = [hf_greedy(target, p, 12) for p in prompts] if temperature == 0 else None
     dec = DSparkDecoder(target, drafter, planner=mode, sps_table=SPS, threshold=0.3, max_batch_size=4)
     try:
         dec.generate(prompts[:1], max_new_tokens=3, eos_token_id=[])  # first-call allocations

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dspark.decoding.host_sync import HostReader, to_device
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
+from dspark.host_sync import HostReader, to_device
 from dspark.kv import KVPoolExhausted
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.pairing import validate_pairing

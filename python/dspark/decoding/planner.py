@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from dspark.decoding.host_sync import to_device
+from dspark.host_sync import to_device
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dspark.decoding.host_sync import to_device
+from dspark.host_sync import to_device
 
 
 class KVPoolExhausted(RuntimeError):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dspark.decoding.host_sync import to_device
+from dspark.host_sync import to_device
 from dspark.models import checkpoint as ckpt
 from dspark.models.config import DrafterConfig, dtype_from_name
 from dspark.models.context import RequestContext
@@ -565,9 +565,9 @@ class DSparkDrafter(nn.Module):
         for ctx in ctxs:
             if ctx is not None:
                 ctx.reserve(ctx.length + self.config.block_size)
+        anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
         hidden = self.backbone(anchors, ctxs, starts)
         U = F.linear(hidden, self.lm_head_weight)  # [R, γ, V]
-        anchors = to_device(anchors, self.device, torch.int64)
         ids_dev = to_device(ids_t, self.device)
         t_markov = time.perf_counter()
         if self.markov_head is not None:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from dspark.decoding.host_sync import to_device
+from dspark.host_sync import to_device
 from dspark.kv import PagePool
 from dspark.ops import paged_kv_append, paged_verify_attention
 

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from dspark.decoding.host_sync import HostReader, to_device
+from dspark.host_sync import HostReader, to_device
 
 
 def _check(device):
