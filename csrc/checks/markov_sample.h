@@ -3,6 +3,7 @@
 // checks never read data; check_markov_sample_values reads it and therefore runs on CPU only (on CUDA it
 // would sync).
 #pragma once
+#include "checks/logits_value_flags.h"
 #include "torch_checks.h"
 
 namespace dspark {

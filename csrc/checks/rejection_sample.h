@@ -2,6 +2,7 @@
 // Checks of rejection_sample shared by the CPU and CUDA launchers. The metadata checks never read data;
 // check_rejection_sample_values reads it and therefore runs on CPU only (on CUDA it would sync).
 #pragma once
+#include "checks/logits_value_flags.h"
 #include "torch_checks.h"
 
 namespace dspark {
@@ -158,18 +159,17 @@ inline void check_rejection_sample_values(
                         "] = ", tkp[i], " is outside the vocabulary [0, ", V, ")");
     }
   }
-  // NaN / +inf in the rows that are read (the verify rows; the draft rows of verified drafts).
+  // NaN / +inf in the rows that are read (the verify rows; the draft rows), one pass without temporaries
   if (qp[R] > 0 && V > 0) {
-    const auto rows = target_logits.narrow(0, 0, qp[R]);
-    TORCH_CHECK_VALUE(!at::isnan(rows).any().item<bool>() && !at::isposinf(rows).any().item<bool>(),
+    const int flags = logits_value_flags(target_logits.narrow(0, 0, qp[R]));
+    TORCH_CHECK_VALUE(!(flags & 3),
                       "dspark::rejection_sample: target_logits contains NaN or +inf in a verify row");
-    TORCH_CHECK_VALUE(at::isfinite(rows).any(-1).all().item<bool>(),
+    TORCH_CHECK_VALUE(!(flags & 4),
                       "dspark::rejection_sample: every verify row of target_logits needs a finite entry");
   }
-  if (G > 0 && V > 0) {
-    TORCH_CHECK_VALUE(
-        !at::isnan(draft_logits).any().item<bool>() && !at::isposinf(draft_logits).any().item<bool>(),
-        "dspark::rejection_sample: draft_logits contains NaN or +inf");
+  if (R > 0 && G > 0 && V > 0) {
+    TORCH_CHECK_VALUE(!(logits_value_flags(draft_logits) & 3),
+                      "dspark::rejection_sample: draft_logits contains NaN or +inf");
   }
 }
 

@@ -182,7 +182,8 @@ DSPARK_AVX512 void tile_avx512(const TU* u, float* z, const TW* w2, const float*
         }
         if ((in[0] | in[1] | in[2] | in[3]) == 0) continue;
         __m512 g[4];
-        gumbel64(seed, offset, req[r], static_cast<uint32_t>(k), static_cast<uint32_t>((i0 + c) >> 2), g);
+        gumbel64(seed, offset, req[r], static_cast<uint32_t>(k), kPurposeDraftSample,
+                 static_cast<uint32_t>((i0 + c) >> 2), g);
         for (int q = 0; q < 4; ++q)
           argmax_update(am, _mm512_mask_mov_ps(ninf, in[q], _mm512_add_ps(yv[q], g[q])), c + 16 * q);
       }
@@ -217,11 +218,9 @@ TileAllFn pick_tile_avx512(at::ScalarType tu, at::ScalarType tw) {
 }
 #endif
 
-// The AVX-512 path is used when the CPU has it, unless DSPARK_CPU_SIMD=0 (tests compare both paths).
 bool use_avx512() {
 #if DSPARK_HAVE_AVX512_PATH
-  const char* env = std::getenv("DSPARK_CPU_SIMD");
-  return avx512::available() && !(env != nullptr && env[0] == '0');
+  return avx512::enabled();
 #else
   return false;
 #endif
@@ -312,29 +311,6 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
 }
 
 }  // namespace
-
-// One pass over CPU logits [..., n] (n > 0), no temporaries: bit 1 = some NaN, 2 = some +inf, 4 = some row
-// without a finite entry.
-int logits_value_flags(const at::Tensor& logits) {
-  const auto l = logits.contiguous();
-  const int64_t n = l.size(-1), rows = l.numel() / n;
-  int flags = 0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, l.scalar_type(), "logits_value_flags", [&] {
-    const scalar_t* p = l.const_data_ptr<scalar_t>();
-    for (int64_t row = 0; row < rows; ++row) {
-      const scalar_t* x = p + row * n;
-      unsigned nan = 0, pinf = 0, fin = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = static_cast<float>(x[i]);
-        nan |= v != v;
-        pinf |= v == INFINITY;
-        fin |= (v > -INFINITY) & (v < INFINITY);
-      }
-      flags |= (nan ? 1 : 0) | (pinf ? 2 : 0) | (fin ? 0 : 4);
-    }
-  });
-  return flags;
-}
 
 // base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32
 //   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32

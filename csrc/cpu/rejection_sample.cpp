@@ -13,6 +13,13 @@
 #include <vector>
 
 #include "dspark/sampling.h"
+#include "rejection_sample_avx512.h"
+
+// target_logits' dtypes (float32, bfloat16, float16; checked before dispatch)
+#define DSPARK_DISPATCH_LOGITS(TYPE, NAME, ...)                                                             \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                                                                            \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) \
+                         AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 
 namespace dspark {
 namespace {
@@ -54,22 +61,27 @@ struct RequestParams {
   uint32_t request;
 };
 
+// y[t] = the penalised raw logit of every token seen before this row: the context plus the accepted drafts.
+template <typename scalar_t>
+void apply_penalty(const scalar_t* logits, const RequestParams& rp, const int64_t* drafts_before,
+                   int64_t n_drafts_before, float* y) {
+  for (int64_t j = 0; j < rp.n_penalty; ++j) {
+    const int64_t t = rp.penalty_tokens[j];
+    y[t] = repetition_penalize(static_cast<float>(logits[t]), rp.penalty);
+  }
+  for (int64_t j = 0; j < n_drafts_before; ++j) {
+    const int64_t t = drafts_before[j];
+    y[t] = repetition_penalize(static_cast<float>(logits[t]), rp.penalty);
+  }
+}
+
 // Target row -> y (penalised logits, / T when sampling). Returns the argmax of y (ties: lowest index); when
 // sampling also fills w with the processed, normalised probabilities p (0 outside the top-k / top-p set).
 template <typename scalar_t>
 int64_t target_row(const scalar_t* logits, int64_t V, const RequestParams& rp, const int64_t* drafts_before,
                    int64_t n_drafts_before, float* y, float* w) {
   for (int64_t i = 0; i < V; ++i) y[i] = static_cast<float>(logits[i]);
-  if (rp.penalty != 1.0f) {  // every token seen before this row: the context plus the accepted drafts
-    for (int64_t j = 0; j < rp.n_penalty; ++j) {
-      const int64_t t = rp.penalty_tokens[j];
-      y[t] = repetition_penalize(static_cast<float>(logits[t]), rp.penalty);
-    }
-    for (int64_t j = 0; j < n_drafts_before; ++j) {
-      const int64_t t = drafts_before[j];
-      y[t] = repetition_penalize(static_cast<float>(logits[t]), rp.penalty);
-    }
-  }
+  if (rp.penalty != 1.0f) apply_penalty(logits, rp, drafts_before, n_drafts_before, y);
   const bool greedy = rp.temperature == 0.0f;
   if (!greedy) {
     for (int64_t i = 0; i < V; ++i) y[i] = div_rn(y[i], rp.temperature);
@@ -104,6 +116,79 @@ int64_t target_row(const scalar_t* logits, int64_t V, const RequestParams& rp, c
   const float s = lane_sum(V, [&](int64_t i) { return w[i]; });
   for (int64_t i = 0; i < V; ++i) w[i] = div_rn(w[i], s);
   return arg;
+}
+
+#if DSPARK_HAVE_AVX512_PATH
+// target_row with AVX-512 vocabulary passes (same values: see rejection_sample_avx512.h).
+template <typename scalar_t>
+DSPARK_AVX512 int64_t target_row_avx512(const scalar_t* logits, int64_t V, const RequestParams& rp,
+                                        const int64_t* drafts_before, int64_t n_drafts_before, float* y,
+                                        float* w) {
+  using namespace avx512;
+  const bool greedy = rp.temperature == 0.0f, penal = rp.penalty != 1.0f;
+  load_row(logits, V, !greedy && !penal, rp.temperature, y);
+  if (penal) {
+    apply_penalty(logits, rp, drafts_before, n_drafts_before, y);
+    if (!greedy) divide_row(y, V, rp.temperature);
+  }
+  const int64_t arg = argmax_row(y, V);
+  if (greedy) return arg;
+  const float m = y[arg];
+  const uint32_t key_lo = ordered_key(-INFINITY), key_hi = ordered_key(m);
+  float thr = -INFINITY;
+  if (rp.top_k > 0 && rp.top_k < V) {
+    // the lambdas only call the vector helpers (they cannot hold AVX-512 code themselves)
+    thr =
+        key_to_float(search_key(key_lo, key_hi, [&](float v) { return count_greater(y, V, v) < rp.top_k; }));
+  }
+  exp_row(y, V, m, thr, w);
+  if (rp.top_p < 1.0f) {
+    const float target = mul_rn(rp.top_p, sum_row(w, V));
+    const uint32_t k =
+        search_key(key_lo, key_hi, [&](float v) { return sum_where_greater(y, w, V, v, false) < target; });
+    zero_below(y, w, V, key_to_float(k));
+  }
+  divide_row(w, V, sum_row(w, V));
+  return arg;
+}
+#endif
+
+bool use_simd() {
+#if DSPARK_HAVE_AVX512_PATH
+  return avx512::enabled();
+#else
+  return false;
+#endif
+}
+
+// The vector path's entry points (only called when use_simd()).
+template <typename scalar_t>
+int64_t target_row_simd(const scalar_t* logits, int64_t V, const RequestParams& rp,
+                        const int64_t* drafts_before, int64_t n_drafts_before, float* y, float* w) {
+#if DSPARK_HAVE_AVX512_PATH
+  return target_row_avx512(logits, V, rp, drafts_before, n_drafts_before, y, w);
+#else
+  return target_row(logits, V, rp, drafts_before, n_drafts_before, y, w);
+#endif
+}
+
+// e = exp(z / T - max z / T) of a draft row; returns its lane sum (q = e / sum).
+float draft_exp_simd(const float* z, int64_t V, float temperature, float* e) {
+#if DSPARK_HAVE_AVX512_PATH
+  return avx512::exp_scaled_row(z, V, temperature, avx512::max_scaled(z, V, temperature), e);
+#else
+  TORCH_CHECK(false, "dspark rejection_sample: no vector path in this build");
+#endif
+}
+
+// Residual draw from (w - e / sq)+ with the vector path; -1 when no weight is positive.
+int64_t draw_residual_simd(const float* w, const float* e, float sq, int64_t V, uint64_t seed,
+                           uint64_t offset, uint32_t request, uint32_t pos) {
+#if DSPARK_HAVE_AVX512_PATH
+  return avx512::gumbel_draw_row(V, w, e, sq, seed, offset, request, pos);
+#else
+  TORCH_CHECK(false, "dspark rejection_sample: no vector path in this build");
+#endif
 }
 
 // Gumbel-max draw from weights wt(i) >= 0 (only wt > 0 can win); -1 when every weight is 0.
@@ -164,75 +249,93 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
   int32_t* accp = accepted.data_ptr<int32_t>();
   int64_t* outp = out.data_ptr<int64_t>();
   const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, tl.scalar_type(), "dspark_rejection_sample_cpu", [&] {
-        const scalar_t* tlp = tl.data_ptr<scalar_t>();
-        at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
-          std::vector<float> y(V), w(V);
-          for (int64_t r = begin; r < end; ++r) {
-            RequestParams rp;
-            rp.temperature = tt.data_ptr<float>()[r];
-            rp.top_k = tk.defined() ? tk.data_ptr<int64_t>()[r] : 0;
-            rp.top_p = tp.defined() ? tp.data_ptr<float>()[r] : 1.0f;
-            rp.penalty = rpn.defined() ? rpn.data_ptr<float>()[r] : 1.0f;
-            rp.penalty_tokens = nullptr;
-            rp.n_penalty = 0;
-            if (ptok.defined()) {
-              const int64_t* pp = pptr.data_ptr<int64_t>();
-              rp.penalty_tokens = ptok.data_ptr<int64_t>() + pp[r];
-              rp.n_penalty = pp[r + 1] - pp[r];
-            }
-            rp.request = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
-            const bool greedy = rp.temperature == 0.0f;
-            const int64_t n = lp[r];
-            const int64_t* drafts = dp + r * G;
-            int64_t* emit = outp + r * (G + 1);
-            int32_t n_acc = 0;
-            for (int64_t i = 0; i < n; ++i) {
-              const scalar_t* row = tlp + (static_cast<int64_t>(qp[r]) + i) * V;
-              const int64_t arg = target_row(row, V, rp, drafts, i, y.data(), w.data());
-              const uint32_t pos = static_cast<uint32_t>(i);
-              if (i == n - 1) {  // every verified draft accepted: bonus from p at the last verified row
-                emit[i] =
-                    greedy ? arg : gumbel_draw(V, [&](int64_t j) { return w[j]; }, s, o, rp.request, pos);
-                break;
-              }
-              const int64_t x = drafts[i];
-              if (greedy) {
-                if (arg == x) {
-                  emit[i] = x;
-                  ++n_acc;
-                  continue;
-                }
-                emit[i] = arg;
-                break;
-              }
-              // q = softmax(z / T) of the draft row
-              const float* z = zp + (r * G + i) * V;
-              float mq = -INFINITY;
-              for (int64_t j = 0; j < V; ++j) mq = std::max(mq, div_rn(z[j], rp.temperature));
-              const float sq = lane_sum(
-                  V, [&](int64_t j) { return exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)); });
-              auto q_at = [&](int64_t j) {
-                return div_rn(exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)), sq);
-              };
-              const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
-              if (mul_rn(u, q_at(x)) < w[x]) {
-                emit[i] = x;
-                ++n_acc;
-                continue;
-              }
-              int64_t c =
-                  gumbel_draw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, s, o, rp.request, pos);
-              if (c < 0)
-                c = gumbel_draw(V, [&](int64_t j) { return w[j]; }, s, o, rp.request, pos);  // (p - q)+ = 0
-              emit[i] = c;
-              break;
-            }
-            accp[r] = n_acc;
+  const bool simd = use_simd();
+  // the bonus draw (and the residual's fallback) from p = w
+  auto draw_p = [&](const float* w, uint32_t request, uint32_t pos) -> int64_t {
+#if DSPARK_HAVE_AVX512_PATH
+    if (simd) return avx512::gumbel_draw_row(V, w, nullptr, 0.0f, s, o, request, pos);
+#endif
+    return gumbel_draw(V, [&](int64_t j) { return w[j]; }, s, o, request, pos);
+  };
+  DSPARK_DISPATCH_LOGITS(tl.scalar_type(), "dspark_rejection_sample_cpu", [&] {
+    const scalar_t* tlp = tl.data_ptr<scalar_t>();
+    at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> y(V), w(V), e(simd ? V : 0);  // e: exp of the draft row (vector path)
+      for (int64_t r = begin; r < end; ++r) {
+        RequestParams rp;
+        rp.temperature = tt.data_ptr<float>()[r];
+        rp.top_k = tk.defined() ? tk.data_ptr<int64_t>()[r] : 0;
+        rp.top_p = tp.defined() ? tp.data_ptr<float>()[r] : 1.0f;
+        rp.penalty = rpn.defined() ? rpn.data_ptr<float>()[r] : 1.0f;
+        rp.penalty_tokens = nullptr;
+        rp.n_penalty = 0;
+        if (ptok.defined()) {
+          const int64_t* pp = pptr.data_ptr<int64_t>();
+          rp.penalty_tokens = ptok.data_ptr<int64_t>() + pp[r];
+          rp.n_penalty = pp[r + 1] - pp[r];
+        }
+        rp.request = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
+        const bool greedy = rp.temperature == 0.0f;
+        const int64_t n = lp[r];
+        const int64_t* drafts = dp + r * G;
+        int64_t* emit = outp + r * (G + 1);
+        int32_t n_acc = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const scalar_t* row = tlp + (static_cast<int64_t>(qp[r]) + i) * V;
+          const int64_t arg = simd ? target_row_simd(row, V, rp, drafts, i, y.data(), w.data())
+                                   : target_row(row, V, rp, drafts, i, y.data(), w.data());
+          const uint32_t pos = static_cast<uint32_t>(i);
+          if (i == n - 1) {  // every verified draft accepted: bonus from p at the last verified row
+            emit[i] = greedy ? arg : draw_p(w.data(), rp.request, pos);
+            break;
           }
-        });
-      });
+          const int64_t x = drafts[i];
+          if (greedy) {
+            if (arg == x) {
+              emit[i] = x;
+              ++n_acc;
+              continue;
+            }
+            emit[i] = arg;
+            break;
+          }
+          // q = softmax(z / T) of the draft row
+          const float* z = zp + (r * G + i) * V;
+          if (simd) {
+            const float sq = draft_exp_simd(z, V, rp.temperature, e.data());
+            const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
+            if (mul_rn(u, div_rn(e[x], sq)) < w[x]) {
+              emit[i] = x;
+              ++n_acc;
+              continue;
+            }
+            const int64_t c = draw_residual_simd(w.data(), e.data(), sq, V, s, o, rp.request, pos);
+            emit[i] = c >= 0 ? c : draw_p(w.data(), rp.request, pos);  // (p - q)+ = 0: from p
+            break;
+          }
+          float mq = -INFINITY;
+          for (int64_t j = 0; j < V; ++j) mq = std::max(mq, div_rn(z[j], rp.temperature));
+          const float sq =
+              lane_sum(V, [&](int64_t j) { return exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)); });
+          auto q_at = [&](int64_t j) {
+            return div_rn(exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)), sq);
+          };
+          const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
+          if (mul_rn(u, q_at(x)) < w[x]) {
+            emit[i] = x;
+            ++n_acc;
+            continue;
+          }
+          int64_t c =
+              gumbel_draw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, s, o, rp.request, pos);
+          if (c < 0) c = draw_p(w.data(), rp.request, pos);  // (p - q)+ = 0
+          emit[i] = c;
+          break;
+        }
+        accp[r] = n_acc;
+      }
+    });
+  });
   return {accepted, out};
 }
 

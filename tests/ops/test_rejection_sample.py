@@ -97,6 +97,76 @@ def test_processors_match_transformers():
         torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-4)
 
 
+def _wide_inputs(R, G, V, seed, dtype):
+    """Verify inputs with logits spread wide enough to reach exp's underflow branches and subnormal weights."""
+    g = torch.Generator().manual_seed(seed)
+    tl, qo, z, drafts, vl, _ = rs_inputs(R=R, G=G, V=V, seed=seed, match=0.5)
+    scale = torch.tensor([1.0, 8.0, 40.0, 0.3])[torch.arange(R) % 4]
+    z = z * scale[:, None, None]
+    tl = tl.float() * torch.rand(tl.shape[0], 1, generator=g) * 40  # row scales from 0 to 40
+    if V > 3:  # masked tokens
+        z[0, 0, :3] = -float("inf")
+        tl[0, V // 2] = -float("inf")
+    temp = torch.tensor([0.0, 1.0, 0.7, 1.3, 0.05, 2.5])[torch.arange(R) % 6]
+    return tl.to(dtype), qo, z, drafts, vl, temp
+
+
+@pytest.mark.parametrize("V", [1, 15, 17, 63, 65, 255, 257, 1000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("procs", [0, 1, 3])
+def test_simd_and_scalar_paths_agree(V, dtype, procs, monkeypatch):
+    # The vectorised CPU passes (when the CPU has AVX-512) and the scalar loops (DSPARK_CPU_SIMD=0) accept and
+    # emit the same tokens: vocabularies off the vector width, the 64-id noise blocks and the 256 sum lanes;
+    # logits spread enough that exp underflows and residual weights go subnormal; -inf entries; processors.
+    R, G = 12, 4
+    args = _wide_inputs(R, G, V, seed=V, dtype=dtype)
+    kw = {"request_ids": torch.randint(0, 2**32, (R,), generator=torch.Generator().manual_seed(V))}
+    if procs:
+        pr = PROCS[procs]
+        for name in ("top_k", "top_p", "repetition_penalty"):
+            if name in pr:
+                kw[name] = pr[name].repeat(2)
+        if "penalty_tokens" in pr:
+            kw["penalty_tokens"] = pr["penalty_tokens"] % V
+            kw["penalty_indptr"] = torch.cat([pr["penalty_indptr"], torch.full((R - 6,), 20)])
+    for seed in range(3):
+        monkeypatch.delenv("DSPARK_CPU_SIMD", raising=False)
+        fast = dspark.ops.rejection_sample(*args, seed, 5, **kw)
+        monkeypatch.setenv("DSPARK_CPU_SIMD", "0")
+        scalar = dspark.ops.rejection_sample(*args, seed, 5, **kw)
+        assert torch.equal(fast[0], scalar[0]) and torch.equal(fast[1], scalar[1]), (seed, fast, scalar)
+    if V >= 17:  # and both equal the reference
+        ref = rejection_sample_ref(*args, 2, 5, **kw)
+        assert torch.equal(fast[0], ref[0]) and torch.equal(fast[1], ref[1])
+
+
+@pytest.mark.parametrize("simd", ["1", "0"])
+@pytest.mark.parametrize("where", [0, 16, 32])
+def test_non_finite_found_in_every_lane(simd, where, monkeypatch):
+    # the logits scan (vector or scalar) sees a NaN / +inf / all -inf row wherever it sits, tail lanes included
+    monkeypatch.setenv("DSPARK_CPU_SIMD", simd)
+    tl, qo, z, drafts, vl, temp = rs_inputs(R=6, V=33, seed=3)
+    for value, match in (
+        (float("nan"), "target_logits contains NaN"),
+        (float("inf"), "contains NaN or \\+inf"),
+    ):
+        bad = tl.clone()
+        bad[int(qo[-1]) - 1, where] = value
+        with pytest.raises(ValueError, match=match):
+            dspark.ops.rejection_sample(bad, qo, z, drafts, vl, temp, 0, 0)
+    bad = tl.clone()
+    bad[int(qo[-1]) - 1] = -float("inf")
+    with pytest.raises(ValueError, match="needs a finite entry"):
+        dspark.ops.rejection_sample(bad, qo, z, drafts, vl, temp, 0, 0)
+    badz = z.clone()
+    badz[5, 3, where] = float("nan")
+    with pytest.raises(ValueError, match="draft_logits contains NaN"):
+        dspark.ops.rejection_sample(tl, qo, badz, drafts, vl, temp, 0, 0)
+    tl2 = tl.clone()
+    tl2[-1, where] = float("nan")  # a row after the verify rows is never read, so it is not checked
+    dspark.ops.rejection_sample(tl2, qo, z, drafts, vl, temp, 0, 0)
+
+
 def test_opcheck_and_compile():
     args = rs_inputs(R=6, V=50, seed=2)
     torch.library.opcheck(torch.ops.dspark.rejection_sample.default, (*args, 1, 2) + (None,) * 6)
