@@ -77,3 +77,23 @@ def test_sampling_statistics_and_greedy():
     assert bool((g.tokens == 0).all())
     with pytest.raises(ValueError, match="temperature"):
         markov_sample_torch(base, anchor, empty, empty, -1.0, seed=1, offset=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0, "mixed"])
+def test_sample_without_markov_matches_the_torch_sampler(dtype, temperature):
+    """The DFlash drafts (fused op, rank 0) are the torch sampler's with empty Markov weights."""
+    from dspark.models.heads import sample_without_markov
+
+    g = torch.Generator().manual_seed(7)
+    R, G, V = 5, 3, 300
+    base = (torch.randn(R, G, V, generator=g) * 3).to(dtype)
+    anchor = torch.randint(0, V, (R,), generator=g)
+    ids = torch.tensor([3, 0, 2**32 - 1, 9, 4])
+    t = torch.tensor([0.0, 1.0, 0.5, 2.0, 1.0]) if temperature == "mixed" else temperature
+    empty = torch.empty(V, 0, dtype=dtype)
+    want = markov_sample_torch(base, anchor, empty, empty, t, 11, 2, ids)
+    got = sample_without_markov(base, anchor, t, 11, 2, ids)
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.logits, want.logits)
+    assert got.prev_emb.shape == (R, G, 0) and got.prev_emb.dtype == dtype

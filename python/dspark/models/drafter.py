@@ -17,7 +17,7 @@ from dspark.host_sync import to_device
 from dspark.models import checkpoint as ckpt
 from dspark.models.config import DrafterConfig, dtype_from_name
 from dspark.models.context import RequestContext
-from dspark.models.heads import MARKOV_HEADS, ConfidenceHead, MarkovSample, markov_sample_torch
+from dspark.models.heads import MARKOV_HEADS, ConfidenceHead, MarkovSample, sample_without_markov
 from dspark.models.layers import DraftLayer, RMSNorm, Rotary
 from dspark.models.pairing import (
     check_dtype_device,
@@ -572,9 +572,8 @@ class DSparkDrafter(nn.Module):
         t_markov = time.perf_counter()
         if self.markov_head is not None:
             s: MarkovSample = self.markov_head.sample(U, anchors, temperature, seed, offset, hidden, ids_dev)
-        else:  # DFlash: the same sampler with a rank-0 head (z = U)
-            empty = torch.empty(self.config.vocab_size, 0, dtype=self.dtype, device=self.device)
-            s = markov_sample_torch(U, anchors, empty, empty, temperature, seed, offset, ids_dev)
+        else:  # DFlash: no Markov bias (z = U)
+            s = sample_without_markov(U, anchors, temperature, seed, offset, ids_dev)
         out = DraftOutput(s.tokens, s.logits, s.prev_emb, hidden, U if return_base_logits else None)
         out.markov_seconds = time.perf_counter() - t_markov
         if self.confidence_head is not None:

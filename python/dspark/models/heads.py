@@ -236,6 +236,36 @@ class VanillaMarkovHead(MarkovHead):
         return MarkovSample(tokens, z, prev_emb.to(self.markov_w1.weight.dtype))
 
 
+def sample_without_markov(
+    base_logits: Tensor,
+    anchor: Tensor,
+    temperature: float | Tensor,
+    seed: int,
+    offset: int,
+    request_ids: Tensor | None = None,
+) -> MarkovSample:
+    """Draft tokens of a drafter without a Markov head (DFlash): ``z = U``, one Gumbel-max draw per slot.
+
+    The fused ``markov_sample`` op with a rank-0 table: the same tokens as ``markov_sample_torch`` with empty
+    weights, without materialising the ``(R, gamma, V)`` noise and index tensors. ``prev_emb`` is ``(R, gamma, 0)``.
+    """
+    R, _, V = base_logits.shape
+    dev = base_logits.device
+    empty = torch.empty(V, 0, dtype=base_logits.dtype, device=dev)
+    ids = torch.arange(R, device=dev) if request_ids is None else request_ids
+    tokens, z, prev_emb = dspark.ops.markov_sample(
+        base_logits.contiguous(),
+        anchor.to(torch.int64),
+        empty,
+        empty,
+        _as_temperature(temperature, R, dev),
+        int(seed),
+        int(offset),
+        ids.to(torch.int64),
+    )
+    return MarkovSample(tokens, z, prev_emb.to(base_logits.dtype))
+
+
 class GatedMarkovHead(MarkovHead):
     """``g = sigmoid(gate_proj([h_k; e]))``, ``B_k = W2 (g * e)``."""
 
