@@ -10,7 +10,7 @@
 namespace dspark {
 namespace avx512 {
 
-// y[i] = float(logits[i]), divided by t when t != 1 is asked for (divide). y: [V].
+// y[i] = float(logits[i]), divided by t when divide is set. y: [V].
 template <typename T>
 DSPARK_AVX512 inline void load_row(const T* logits, int64_t V, bool divide, float t, float* y) {
   const __m512 tv = _mm512_set1_ps(t);

@@ -142,10 +142,11 @@ def test_simd_and_scalar_paths_agree(V, dtype, procs, monkeypatch):
 
 @pytest.mark.parametrize("simd", ["1", "0"])
 @pytest.mark.parametrize("where", [0, 16, 32])
-def test_non_finite_found_in_every_lane(simd, where, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_non_finite_found_in_every_lane(simd, where, dtype, monkeypatch):
     # the logits scan (vector or scalar) sees a NaN / +inf / all -inf row wherever it sits, tail lanes included
     monkeypatch.setenv("DSPARK_CPU_SIMD", simd)
-    tl, qo, z, drafts, vl, temp = rs_inputs(R=6, V=33, seed=3)
+    tl, qo, z, drafts, vl, temp = rs_inputs(R=6, V=33, seed=3, dtype=dtype)
     for value, match in (
         (float("nan"), "target_logits contains NaN"),
         (float("inf"), "contains NaN or \\+inf"),
