@@ -7,6 +7,11 @@ teacher-forced greedy acceptance on held-out cached sequences (every 13th one, n
 γ labels all lie inside the response. One JSON line per run is appended to ``--results``.
 
     python benchmarks/train_init_ab.py norm_lr3 --features runs/feats --init norm --lr 3e-3 --steps 60
+
+``--input-scaling`` trains on features scaled per channel to a common RMS (``mean(rms) / rms``, measured on every
+23rd cached sequence) and evaluates on the same scaled features; a deployed drafter would fold the scale into
+``fc``'s columns. Unlike ``--feature-scaling`` (which only rescales ``fc``'s initial columns) this also
+equalises Adam's effective step per input channel.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,6 +52,23 @@ def held_out_tau(drafter, cache, indices: list[int]) -> tuple[float, list[float]
     return 1.0 + lead_sum / max(blocks, 1), (match / count.clamp_min(1)).tolist()
 
 
+class ScaledFeatures:
+    """A feature cache whose samples' features are multiplied by a fixed per-channel scale ``[m*H]``."""
+
+    def __init__(self, cache, scale: torch.Tensor) -> None:
+        self.cache, self.scale = cache, scale
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int):
+        s = self.cache[i]
+        return replace(s, features=(s.features.float() * self.scale).to(s.features.dtype))
+
+    def __getattr__(self, name: str):
+        return getattr(self.cache, name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name")
@@ -54,6 +77,7 @@ def main() -> None:
     ap.add_argument("--results", default="runs/exp/results.jsonl")
     ap.add_argument("--init", default="random", choices=("random", "norm", "early", "late"))
     ap.add_argument("--feature-scaling", action="store_true")
+    ap.add_argument("--input-scaling", action="store_true")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ce", type=float, default=0.1)
     ap.add_argument("--l1", type=float, default=0.9)
@@ -77,6 +101,9 @@ def main() -> None:
     for p in target.parameters():
         p.requires_grad_(False)
     cache = FeatureCache(a.features)
+    if a.input_scaling:
+        rms = feature_rms([cache[i].features for i in range(0, len(cache), 23)]).clamp_min(1e-3)
+        cache = ScaledFeatures(cache, rms.mean() / rms)
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_config(
         target, num_layers=a.layers, markov_rank=a.rank, target_layer_ids=cache.layer_ids
@@ -105,6 +132,7 @@ def main() -> None:
         "name": a.name,
         "init": a.init,
         "feature_scaling": a.feature_scaling,
+        "input_scaling": a.input_scaling,
         "lr": a.lr,
         "ce": a.ce,
         "steps": a.steps,
