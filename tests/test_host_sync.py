@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HostReader: one counted read point returns every tensor's values on the CPU; to_device copies without a wait."""
+"""HostReader: one counted read point returns every tensor's values on the CPU; to_device copies without a wait;
+all_finite / sanitized flag and neutralise non-finite logits without a read."""
 
 import pytest
 import torch
 
-from dspark.host_sync import HostReader, to_device
+from dspark.host_sync import HostReader, all_finite, sanitized, to_device
 
 
 def _check(device):
@@ -54,3 +55,39 @@ def test_to_device_on_cuda_copies_without_a_sync():
         torch.cuda.set_sync_debug_mode(0)
     assert y.device.type == "cuda" and z.device.type == "cuda"
     assert y.cpu().tolist() == list(range(1000)) and z.cpu().tolist() == list(range(7))
+
+
+def _finite_cases(device):
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(3, 4, 50, generator=g) * 1e30  # large but finite: no overflow in the check
+    yield base.to(device), True
+    for v in (float("nan"), float("inf"), -float("inf")):
+        for where in ((0, 0, 0), (2, 3, 49), (1, 2, 17)):
+            x = base.clone()
+            x[where] = v
+            yield x.to(device), False
+    yield torch.empty(0, 5, device=device), True
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_all_finite_and_sanitized(device):
+    for x, want in _finite_cases(device):
+        flag = all_finite(x)
+        assert flag.device.type == x.device.type and flag.dim() == 0
+        assert bool(flag) == want == bool(torch.isfinite(x).all())
+        y = sanitized(x, flag)
+        assert bool(torch.isfinite(y).all())
+        assert torch.equal(y, torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+        if want and device == "cpu":
+            assert y is x  # a finite CPU tensor is not copied
+
+
+@pytest.mark.cuda
+def test_all_finite_and_sanitized_do_not_sync_on_cuda():
+    x = torch.randn(8, 7, 1000, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = sanitized(x, all_finite(x))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(y, x)

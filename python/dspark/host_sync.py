@@ -10,6 +10,10 @@ its budget (docs/decoder.md, "Host synchronisation").
 The other direction matters as much: ``torch.tensor(list, device="cuda")`` copies from pageable memory, and
 PyTorch synchronises the stream for such a copy. :func:`to_device` stages host values in pinned memory and
 queues the copy behind the work already launched, so the per-round index tensors cost no wait.
+
+NaN / inf in the draft or target logits must fail the round, but checking them on the host would be a read:
+:func:`all_finite` leaves the flag on the device (read later with the round's results) and :func:`sanitized`
+makes the logits safe for the sampler meanwhile.
 """
 
 from __future__ import annotations
@@ -38,6 +42,30 @@ def to_device(
     if t.device.type == "cpu" and dev.type == "cuda":
         return t.pin_memory().to(dev, non_blocking=True)
     return t.to(dev)
+
+
+def all_finite(x: Tensor) -> Tensor:
+    """0-d bool tensor on ``x``'s device: no NaN, +inf or -inf in ``x`` (nothing is read).
+
+    One min/max reduction (NaN propagates through it); ``torch.isfinite(x).all()`` builds a bool tensor of
+    ``x``'s size first and was ~5x slower for a ``[8, 7, 49152]`` float32 ``x`` on a CPU.
+    """
+    if x.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=x.device)
+    lo, hi = torch.aminmax(x)
+    return torch.isfinite(lo) & torch.isfinite(hi)
+
+
+def sanitized(x: Tensor, finite: Tensor) -> Tensor:
+    """``x`` with NaN / ±inf replaced by 0, so that a sampler can run on it; ``finite`` from :func:`all_finite`.
+
+    The caller fails the round from ``finite`` when it reads its results. On a CPU reading the flag costs
+    nothing, so a finite ``x`` is returned as it is; on other devices the flag stays unread and ``x`` is always
+    replaced (a copy without a wait).
+    """
+    if x.device.type == "cpu" and bool(finite):
+        return x
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 class HostReader:

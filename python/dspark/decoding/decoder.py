@@ -27,7 +27,7 @@ from torch import Tensor
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
-from dspark.host_sync import HostReader, to_device
+from dspark.host_sync import HostReader, all_finite, sanitized, to_device
 from dspark.kv import KVPoolExhausted
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.pairing import validate_pairing
@@ -480,10 +480,10 @@ class DSparkDecoder:
         offset = self._offset
         self._offset += 1
         logits = logits.float()
-        finite = torch.isfinite(logits).all()
+        finite = all_finite(logits)
         # NaN/inf rows would make the sampler's output meaningless; they are replaced here so it runs safely and
         # the round is failed on the host (before anything is committed) from the ``finite`` flag
-        logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
+        logits = sanitized(logits, finite)
         accepted, out_tokens = rejection_sample(
             logits,
             to_device(qo, dev, torch.int32),
@@ -563,8 +563,8 @@ class DSparkDecoder:
             V = self.drafter.config.vocab_size
             q = d.draft_logits[:, :g].float()
             # the NaN/inf flag is read with the round's results; q is sanitised so the round can run
-            q_finite = torch.isfinite(q).all()
-            q = torch.nan_to_num(q, nan=0.0, posinf=0.0, neginf=0.0).contiguous()
+            q_finite = all_finite(q)
+            q = sanitized(q, q_finite).contiguous()
             drafts = d.tokens[:, :g].clamp(0, V - 1)
             t1 = time.perf_counter()
             stats.add_time("markov_sample", d.markov_seconds)
