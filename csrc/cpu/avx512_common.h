@@ -229,4 +229,9 @@ struct LaneSum {
 }  // namespace dspark
 #else
 #define DSPARK_HAVE_AVX512_PATH 0
+namespace dspark {
+namespace avx512 {
+inline bool enabled() { return false; }  // no vector path in this build
+}  // namespace avx512
+}  // namespace dspark
 #endif

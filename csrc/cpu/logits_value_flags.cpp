@@ -53,24 +53,15 @@ int logits_value_flags(const at::Tensor& logits) {
   std::atomic<int> flags{0};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, l.scalar_type(), "logits_value_flags", [&] {
     const scalar_t* p = l.const_data_ptr<scalar_t>();
+    int (*scan)(const scalar_t*, int64_t) = row_flags<scalar_t>;
 #if DSPARK_HAVE_AVX512_PATH
-    const bool simd = !std::is_same_v<scalar_t, double> && avx512::enabled();
-#else
-    const bool simd = false;
+    if constexpr (!std::is_same_v<scalar_t, double>) {  // the vector loads take f32 / bf16 / f16
+      if (avx512::enabled()) scan = row_flags_avx512<scalar_t>;
+    }
 #endif
     at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / n), [&](int64_t begin, int64_t end) {
       int f = 0;
-      for (int64_t row = begin; row < end; ++row) {
-#if DSPARK_HAVE_AVX512_PATH
-        if constexpr (!std::is_same_v<scalar_t, double>) {
-          if (simd) {
-            f |= row_flags_avx512(p + row * n, n);
-            continue;
-          }
-        }
-#endif
-        f |= row_flags(p + row * n, n);
-      }
+      for (int64_t row = begin; row < end; ++row) f |= scan(p + row * n, n);
       flags.fetch_or(f);
     });
   });

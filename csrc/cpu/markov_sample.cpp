@@ -218,14 +218,6 @@ TileAllFn pick_tile_avx512(at::ScalarType tu, at::ScalarType tw) {
 }
 #endif
 
-bool use_avx512() {
-#if DSPARK_HAVE_AVX512_PATH
-  return avx512::enabled();
-#else
-  return false;
-#endif
-}
-
 // u: [R, g, V] (dtype tu; may alias z when it is the f32 z buffer itself), writes z [R, g, V] f32,
 // tokens [R, g] i64, prev_emb [R, g, r] f32.
 void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, const at::Tensor& w1,
@@ -253,7 +245,7 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
     req[r] = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
   const at::Tensor w1f = w1c.to(at::kFloat);
   const float* w1p = w1f.data_ptr<float>();
-  const bool simd = use_avx512();
+  const bool simd = avx512::enabled();
   const int64_t nb = (rank + 7) / 8;
   std::vector<float> e2(simd ? static_cast<size_t>((R + 1) / 2 * nb * 16) : 0);
 #if DSPARK_HAVE_AVX512_PATH

@@ -153,15 +153,7 @@ DSPARK_AVX512 int64_t target_row_avx512(const scalar_t* logits, int64_t V, const
 }
 #endif
 
-bool use_simd() {
-#if DSPARK_HAVE_AVX512_PATH
-  return avx512::enabled();
-#else
-  return false;
-#endif
-}
-
-// The vector path's entry points (only called when use_simd()).
+// The vector path's entry points (only called when avx512::enabled()).
 template <typename scalar_t>
 int64_t target_row_simd(const scalar_t* logits, int64_t V, const RequestParams& rp,
                         const int64_t* drafts_before, int64_t n_drafts_before, float* y, float* w) {
@@ -249,7 +241,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
   int32_t* accp = accepted.data_ptr<int32_t>();
   int64_t* outp = out.data_ptr<int64_t>();
   const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
-  const bool simd = use_simd();
+  const bool simd = avx512::enabled();
   // the bonus draw (and the residual's fallback) from p = w
   auto draw_p = [&](const float* w, uint32_t request, uint32_t pos) -> int64_t {
 #if DSPARK_HAVE_AVX512_PATH
@@ -299,26 +291,17 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
             emit[i] = arg;
             break;
           }
-          // q = softmax(z / T) of the draft row
+          // q = softmax(z / T) of the draft row: q_j = exp(z_j / T - mq) / sq
           const float* z = zp + (r * G + i) * V;
+          float mq = -INFINITY, sq;
           if (simd) {
-            const float sq = draft_exp_simd(z, V, rp.temperature, e.data());
-            const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
-            if (mul_rn(u, div_rn(e[x], sq)) < w[x]) {
-              emit[i] = x;
-              ++n_acc;
-              continue;
-            }
-            const int64_t c = draw_residual_simd(w.data(), e.data(), sq, V, s, o, rp.request, pos);
-            emit[i] = c >= 0 ? c : draw_p(w.data(), rp.request, pos);  // (p - q)+ = 0: from p
-            break;
+            sq = draft_exp_simd(z, V, rp.temperature, e.data());  // keeps the exps in e
+          } else {
+            for (int64_t j = 0; j < V; ++j) mq = std::max(mq, div_rn(z[j], rp.temperature));
+            sq = lane_sum(V, [&](int64_t j) { return exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)); });
           }
-          float mq = -INFINITY;
-          for (int64_t j = 0; j < V; ++j) mq = std::max(mq, div_rn(z[j], rp.temperature));
-          const float sq =
-              lane_sum(V, [&](int64_t j) { return exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)); });
           auto q_at = [&](int64_t j) {
-            return div_rn(exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)), sq);
+            return div_rn(simd ? e[j] : exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)), sq);
           };
           const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
           if (mul_rn(u, q_at(x)) < w[x]) {
@@ -327,8 +310,9 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
             continue;
           }
           int64_t c =
-              gumbel_draw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, s, o, rp.request, pos);
-          if (c < 0) c = draw_p(w.data(), rp.request, pos);  // (p - q)+ = 0
+              simd ? draw_residual_simd(w.data(), e.data(), sq, V, s, o, rp.request, pos)
+                   : gumbel_draw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, s, o, rp.request, pos);
+          if (c < 0) c = draw_p(w.data(), rp.request, pos);  // (p - q)+ = 0: from p
           emit[i] = c;
           break;
         }

@@ -217,23 +217,9 @@ class VanillaMarkovHead(MarkovHead):
         self, base_logits, anchor, temperature, seed, offset, hidden=None, request_ids=None
     ) -> MarkovSample:
         # The fused op: bias GEMV + add + temperature + Gumbel-max per step, same keys as markov_sample_torch.
-        R = base_logits.shape[0]
-        t = _as_temperature(temperature, R, base_logits.device)
-        ids = torch.arange(R, device=base_logits.device) if request_ids is None else request_ids
         w1, w2 = self.markov_w1.weight, self.markov_w2.weight
-        if w1.dtype != base_logits.dtype:
-            w1, w2 = w1.to(base_logits.dtype), w2.to(base_logits.dtype)
-        tokens, z, prev_emb = dspark.ops.markov_sample(
-            base_logits.contiguous(),
-            anchor.to(torch.int64),
-            w1,
-            w2,
-            t,
-            int(seed),
-            int(offset),
-            ids.to(torch.int64),
-        )
-        return MarkovSample(tokens, z, prev_emb.to(self.markov_w1.weight.dtype))
+        s = _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids)
+        return MarkovSample(s.tokens, s.logits, s.prev_emb.to(w1.dtype))
 
 
 def sample_without_markov(
@@ -249,21 +235,29 @@ def sample_without_markov(
     The fused ``markov_sample`` op with a rank-0 table: the same tokens as ``markov_sample_torch`` with empty
     weights, without materialising the ``(R, gamma, V)`` noise and index tensors. ``prev_emb`` is ``(R, gamma, 0)``.
     """
-    R, _, V = base_logits.shape
+    empty = torch.empty(base_logits.shape[-1], 0, dtype=base_logits.dtype, device=base_logits.device)
+    s = _fused_sample(base_logits, anchor, empty, empty, temperature, seed, offset, request_ids)
+    return MarkovSample(s.tokens, s.logits, s.prev_emb.to(base_logits.dtype))
+
+
+def _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids) -> MarkovSample:
+    """``dspark.ops.markov_sample`` on ``(R, gamma, V)`` logits; tables cast to the logits' dtype."""
+    R = base_logits.shape[0]
     dev = base_logits.device
-    empty = torch.empty(V, 0, dtype=base_logits.dtype, device=dev)
     ids = torch.arange(R, device=dev) if request_ids is None else request_ids
+    if w1.dtype != base_logits.dtype:
+        w1, w2 = w1.to(base_logits.dtype), w2.to(base_logits.dtype)
     tokens, z, prev_emb = dspark.ops.markov_sample(
         base_logits.contiguous(),
         anchor.to(torch.int64),
-        empty,
-        empty,
+        w1,
+        w2,
         _as_temperature(temperature, R, dev),
         int(seed),
         int(offset),
         ids.to(torch.int64),
     )
-    return MarkovSample(tokens, z, prev_emb.to(base_logits.dtype))
+    return MarkovSample(tokens, z, prev_emb)
 
 
 class GatedMarkovHead(MarkovHead):
