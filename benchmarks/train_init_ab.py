@@ -69,6 +69,62 @@ class ScaledFeatures:
         return getattr(self.cache, name)
 
 
+@torch.no_grad()
+def bigram_markov_init(head, cache, indices: list[int], floor: float = 1e-3) -> None:
+    """Start the vanilla Markov head at a rank-r factorisation of the response bigrams' log-probabilities.
+
+    ``W2 · W1[a] ≈ max(0, log(n_ab / n_a) - log(floor))`` over the pairs seen in ``indices``, 0 elsewhere
+    (truncated SVD of the sparse ``[V, V]`` matrix; ``W1 = U·sqrt(S)``, ``W2 = V·sqrt(S)``): the bias starts as a
+    bigram model whose row argmax is the most frequent successor.
+    """
+    V, r = head.markov_w1.weight.shape
+    pairs = []
+    for i in indices:
+        s = cache[i]
+        ids = s.input_ids
+        t = torch.nonzero(s.loss_mask.bool()).view(-1)
+        t = t[t > 0]
+        pairs.append(torch.stack([ids[t - 1], ids[t]], 1))
+    ab = torch.cat(pairs)
+    key = ab[:, 0] * V + ab[:, 1]
+    uniq, n_ab = torch.unique(key, return_counts=True)
+    a, b = uniq // V, uniq % V
+    n_a = torch.bincount(ab[:, 0], minlength=V).double()
+    logp = (n_ab.double() / n_a[a] / floor).log().clamp_min(0).float()
+    M = torch.sparse_coo_tensor(torch.stack([a, b]), logp, (V, V)).coalesce()
+    U, S, Vh = torch.svd_lowrank(M, q=r, niter=4)
+    root = S.sqrt()
+    head.markov_w1.weight.copy_(U * root)
+    head.markov_w2.weight.copy_(Vh * root)
+
+
+class ContextFeatures:
+    """A feature cache whose context rows are the taps (``taps``), the taps then the target's final-normed hidden
+    (``taps+last``), or the final-normed hidden alone (``last``): a diagnostic of which target state the drafter
+    can use. The final-normed hidden is not a servable tap (the decoder taps layers below the last one)."""
+
+    def __init__(self, cache, mode: str) -> None:
+        self.cache, self.mode = cache, mode
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int):
+        s = self.cache[i]
+        last = s.last_hidden.to(s.features.dtype)
+        feats = last if self.mode == "last" else torch.cat([s.features, last], -1)
+        return replace(s, features=feats)
+
+    def __getattr__(self, name: str):
+        return getattr(self.cache, name)
+
+    @property
+    def layer_ids(self) -> list[int]:
+        # labels only (the config needs one id per H-wide block of features): the real ids, then the next ones
+        ids = self.cache.layer_ids
+        return ids[-1:] if self.mode == "last" else ids + [ids[-1] + 1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name")
@@ -78,9 +134,12 @@ def main() -> None:
     ap.add_argument("--init", default="random", choices=("random", "norm", "early", "late"))
     ap.add_argument("--feature-scaling", action="store_true")
     ap.add_argument("--input-scaling", action="store_true")
+    ap.add_argument("--context", default="taps", choices=("taps", "taps+last", "last"))
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ce", type=float, default=0.1)
     ap.add_argument("--l1", type=float, default=0.9)
+    ap.add_argument("--kl", type=float, default=0.0)
+    ap.add_argument("--markov-init", default="random", choices=("random", "bigram"))
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--seqs", type=int, default=2)
     ap.add_argument("--anchors", type=int, default=64)
@@ -101,6 +160,8 @@ def main() -> None:
     for p in target.parameters():
         p.requires_grad_(False)
     cache = FeatureCache(a.features)
+    if a.context != "taps":
+        cache = ContextFeatures(cache, a.context)
     if a.input_scaling:
         rms = feature_rms([cache[i].features for i in range(0, len(cache), 23)]).clamp_min(1e-3)
         cache = ScaledFeatures(cache, rms.mean() / rms)
@@ -112,6 +173,8 @@ def main() -> None:
     init_from_target(drafter, target, a.init, rms)
     hold = list(range(0, len(cache), 13))
     train_idx = [i for i in range(len(cache)) if i not in set(hold)]
+    if a.markov_init == "bigram":
+        bigram_markov_init(drafter.markov_head, cache, train_idx)
     cfg = TrainConfig(
         steps=a.steps,
         batch_seqs=a.seqs,
@@ -121,7 +184,7 @@ def main() -> None:
         compile_loss=True,
         log_every=10,
         save_every=10**9,
-        weights=LossWeights(ce=a.ce, l1=a.l1),
+        weights=LossWeights(ce=a.ce, l1=a.l1, kl=a.kl),
     )
     t0 = time.time()
     logs = train(drafter, cache, cfg, Path(a.out) / a.name, indices=train_idx, resume=False, progress=False)
@@ -133,8 +196,11 @@ def main() -> None:
         "init": a.init,
         "feature_scaling": a.feature_scaling,
         "input_scaling": a.input_scaling,
+        "context": a.context,
         "lr": a.lr,
         "ce": a.ce,
+        "kl": a.kl,
+        "markov_init": a.markov_init,
         "steps": a.steps,
         "seqs": a.seqs,
         "train_s": round(seconds),

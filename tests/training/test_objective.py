@@ -70,12 +70,12 @@ def test_loss_terms_match_direct_computation(pair):
     mask[6:] = True
     feats, last = target_features(t, ids, d.config.target_layer_ids)
     anchors = torch.tensor([6, 10, 16])  # anchor 16: slots past S-1 are not counted
-    w = LossWeights()
+    w = LossWeights(kl=0.5)
     lo = block_loss(d, feats, last, ids, mask, anchors, w)
     with torch.no_grad():
         hidden = block_hidden(d, feats, ids, anchors)
     W = t.lm_head.weight
-    num = {"ce": 0.0, "l1": 0.0, "bce": 0.0}
+    num = {"ce": 0.0, "l1": 0.0, "bce": 0.0, "kl": 0.0}
     den = 0.0
     for i, a in enumerate(anchors.tolist()):
         prev = int(ids[a])
@@ -90,18 +90,22 @@ def test_loss_terms_match_direct_computation(pair):
             p = torch.softmax(last[a + j] @ W.T, -1)
             l1 = float((q - p).abs().sum())
             ce = -float(torch.log(q[ids[lab]]))
+            kl = sum(
+                float(pv) * math.log(float(pv) / float(qv)) for pv, qv in zip(p, q, strict=True) if pv > 0
+            )
             c = float(d.confidence_head.proj(torch.cat([hidden[i, j], e]))[0])
             y = min(max(1 - 0.5 * l1, 0.0), 1.0)
             bce = -(y * math.log(1 / (1 + math.exp(-c))) + (1 - y) * math.log(1 - 1 / (1 + math.exp(-c))))
             wj = math.exp(-j / w.decay)
             num["ce"] += wj * ce
             num["l1"] += wj * l1
+            num["kl"] += wj * kl
             num["bce"] += wj * bce
             den += wj
             prev = int(ids[lab])
     for k in num:
         assert getattr(lo, k).item() == pytest.approx(num[k] / den, rel=1e-4), k
-    total = w.ce * num["ce"] / den + w.l1 * num["l1"] / den + w.conf * num["bce"] / den
+    total = (w.ce * num["ce"] + w.l1 * num["l1"] + w.kl * num["kl"] + w.conf * num["bce"]) / den
     assert lo.loss.item() == pytest.approx(total, rel=1e-4)
     assert lo.counted.tolist() == [3, 3, 3, 2]
 

@@ -108,7 +108,7 @@ def _fit(args: argparse.Namespace) -> int:
         seed=args.seed,
         log_every=args.log_every,
         save_every=args.save_every,
-        weights=LossWeights(ce=args.ce_weight, l1=args.l1_weight, decay=args.decay),
+        weights=LossWeights(ce=args.ce_weight, l1=args.l1_weight, decay=args.decay, kl=args.kl_weight),
     )
     logs = train(drafter, cache, cfg, args.out, indices=indices)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -216,6 +216,12 @@ def add_train_parser(sub) -> None:
     )
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--l1-weight", type=float, default=0.9)
+    t.add_argument(
+        "--kl-weight",
+        type=float,
+        default=0.0,
+        help="weight of a forward KL(p || q) distillation term (0 = DeepSpec's recipe; docs/training.md)",
+    )
     t.add_argument("--save-bf16", action="store_true", help="store the final weights in bf16")
     t.add_argument("--holdout", type=int, default=0, help="last N cached sequences are not trained on")
     t.add_argument("--seed", type=int, default=42)

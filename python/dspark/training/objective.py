@@ -33,12 +33,18 @@ from dspark.models.heads import VanillaMarkovHead
 
 @dataclass
 class LossWeights:
-    """Coefficients of the three loss terms and the position decay (DeepSpec's recipe by default)."""
+    """Coefficients of the loss terms and the position decay (DeepSpec's recipe by default).
+
+    ``kl`` weights an optional forward KL ``Σ_v p (log p - log q)`` to the target's distribution (0 in DeepSpec's
+    recipe): unlike L1, whose gradient at a token is scaled by ``q`` there, its gradient ``q - p`` stays large
+    while the drafter puts little mass where the target does.
+    """
 
     ce: float = 0.1
     l1: float = 0.9
     conf: float = 1.0
     decay: float = 4.0
+    kl: float = 0.0
 
 
 def sample_anchors(loss_mask: Tensor, num_anchors: int, generator: torch.Generator | None = None) -> Tensor:
@@ -118,6 +124,7 @@ class LossOutput:
     ce: Tensor
     l1: Tensor
     bce: Tensor
+    kl: Tensor  # forward KL(p || q), weighted like the others (logged even when its weight is 0)
     accept: Tensor  # [γ] mean of 1 - L1/2 over counted slots (DeepSpec's accept_rate@j)
     counted: Tensor  # [γ] number of counted slots
     conf_pred: Tensor | None  # [γ] mean sigmoid(conf) over counted slots
@@ -167,12 +174,13 @@ def block_loss(
         ]
         p_logits = F.linear(t_rows, head_w)
     terms = _compiled_vocab_terms() if compile_loss else vocab_terms
-    l1, ce = terms(z, bias, p_logits, labels)  # [A, g]
+    l1, ce, kl = terms(z, bias, p_logits, labels)  # [A, g] each
     pos_w = torch.exp(-torch.arange(g, device=dev, dtype=torch.float32) / w.decay)
     wt = counted.float() * pos_w
     denom = wt.sum().clamp_min(1e-6)
     ce_m = (wt * ce).sum() / denom
     l1_m = (wt * l1).sum() / denom
+    kl_m = (wt * kl).sum() / denom
     bce_m = torch.zeros((), device=dev)
     conf_pred = None
     if drafter.confidence_head is not None:
@@ -182,26 +190,36 @@ def block_loss(
         bce_m = (wt * bce).sum() / denom
         with torch.no_grad():
             conf_pred = (torch.sigmoid(logit) * counted).sum(0) / counted.sum(0).clamp_min(1)
-    loss = w.ce * ce_m + w.l1 * l1_m + (w.conf * bce_m if drafter.confidence_head is not None else 0.0)
+    loss = (
+        w.ce * ce_m
+        + w.l1 * l1_m
+        + w.kl * kl_m
+        + (w.conf * bce_m if drafter.confidence_head is not None else 0.0)
+    )
     with torch.no_grad():
         n = counted.sum(0)
         acc = ((1 - 0.5 * l1) * counted).sum(0) / n.clamp_min(1)
-    return LossOutput(loss, ce_m.detach(), l1_m.detach(), bce_m.detach(), acc, n, conf_pred)
+    return LossOutput(loss, ce_m.detach(), l1_m.detach(), bce_m.detach(), kl_m.detach(), acc, n, conf_pred)
 
 
-def vocab_terms(z: Tensor, bias: Tensor | None, p_logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """``L1 = Σ_v |q - softmax(p_logits)|`` and ``CE = -log q[label]`` with ``q = softmax(z + bias)``, fp32.
+def vocab_terms(
+    z: Tensor, bias: Tensor | None, p_logits: Tensor, labels: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``L1 = Σ_v |q - p|``, ``CE = -log q[label]`` and ``KL = Σ_v p (log p - log q)`` with
+    ``q = softmax(z + bias)`` and ``p = softmax(p_logits)``, fp32.
 
     ``z``, ``bias`` (optional), ``p_logits``: ``[..., V]`` (any float dtype); ``labels``: ``[...]`` int64;
-    both outputs ``[...]``. The vocabulary-sized passes dominate a CPU training step;
+    all three outputs ``[...]``. The vocabulary-sized passes dominate a CPU training step;
     :func:`_compiled_vocab_terms` fuses them (same values).
     """
     z = z.float() if bias is None else z.float() + bias.float()
     logq = torch.log_softmax(z, -1)
-    p = torch.softmax(p_logits.float(), -1)
+    logp = torch.log_softmax(p_logits.float(), -1)
+    p = logp.exp()
     l1 = (logq.exp() - p).abs().sum(-1)
     ce = -logq.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    return l1, ce
+    kl = (p * (logp - logq)).sum(-1)
+    return l1, ce, kl
 
 
 _COMPILED: dict[str, object] = {}

@@ -149,7 +149,7 @@ def train(
     t_last = time.perf_counter()
     acc_sum = torch.zeros(drafter.config.block_size, dtype=torch.float64)
     cnt_sum = torch.zeros(drafter.config.block_size, dtype=torch.float64)
-    terms = torch.zeros(4, dtype=torch.float64)  # loss, ce, l1, bce
+    terms = torch.zeros(5, dtype=torch.float64)  # loss, ce, l1, bce, kl
     autocast_bf16 = cfg.bf16 and drafter.device.type == "cpu"
     # the LM head is frozen: cast it to the autocast dtype once instead of once per forward
     lm_head = drafter.lm_head_weight.detach().to(torch.bfloat16) if autocast_bf16 else None
@@ -179,7 +179,8 @@ def train(
                 )
             (lo.loss / cfg.batch_seqs).backward()
             terms += torch.tensor(
-                [float(lo.loss.detach()), float(lo.ce), float(lo.l1), float(lo.bce)], dtype=torch.float64
+                [float(lo.loss.detach()), float(lo.ce), float(lo.l1), float(lo.bce), float(lo.kl)],
+                dtype=torch.float64,
             )
             acc_sum += lo.accept.double().cpu() * lo.counted.double().cpu()
             cnt_sum += lo.counted.double().cpu()
@@ -197,7 +198,7 @@ def train(
             if world > 1:
                 dist.all_reduce(stats)
             g = drafter.config.block_size
-            terms_g, acc_g, cnt_g = stats[:4], stats[4 : 4 + g], stats[4 + g :]
+            terms_g, acc_g, cnt_g = stats[:5], stats[5 : 5 + g], stats[5 + g :]
             n_seq = cfg.log_every * cfg.batch_seqs
             accept = acc_g / cnt_g.clamp_min(1)
             now = time.perf_counter()
@@ -208,6 +209,7 @@ def train(
                 "ce": float(terms_g[1]) / n_seq,
                 "l1": float(terms_g[2]) / n_seq,
                 "bce": float(terms_g[3]) / n_seq,
+                "kl": float(terms_g[4]) / n_seq,
                 "grad_norm": float(gnorm),
                 "accept": [round(float(a), 4) for a in accept],
                 "tau_estimate": tau_estimate(accept),
