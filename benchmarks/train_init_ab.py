@@ -69,35 +69,6 @@ class ScaledFeatures:
         return getattr(self.cache, name)
 
 
-@torch.no_grad()
-def bigram_markov_init(head, cache, indices: list[int], floor: float = 1e-3) -> None:
-    """Start the vanilla Markov head at a rank-r factorisation of the response bigrams' log-probabilities.
-
-    ``W2 · W1[a] ≈ max(0, log(n_ab / n_a) - log(floor))`` over the pairs seen in ``indices``, 0 elsewhere
-    (truncated SVD of the sparse ``[V, V]`` matrix; ``W1 = U·sqrt(S)``, ``W2 = V·sqrt(S)``): the bias starts as a
-    bigram model whose row argmax is the most frequent successor.
-    """
-    V, r = head.markov_w1.weight.shape
-    pairs = []
-    for i in indices:
-        s = cache[i]
-        ids = s.input_ids
-        t = torch.nonzero(s.loss_mask.bool()).view(-1)
-        t = t[t > 0]
-        pairs.append(torch.stack([ids[t - 1], ids[t]], 1))
-    ab = torch.cat(pairs)
-    key = ab[:, 0] * V + ab[:, 1]
-    uniq, n_ab = torch.unique(key, return_counts=True)
-    a, b = uniq // V, uniq % V
-    n_a = torch.bincount(ab[:, 0], minlength=V).double()
-    logp = (n_ab.double() / n_a[a] / floor).log().clamp_min(0).float()
-    M = torch.sparse_coo_tensor(torch.stack([a, b]), logp, (V, V)).coalesce()
-    U, S, Vh = torch.svd_lowrank(M, q=r, niter=4)
-    root = S.sqrt()
-    head.markov_w1.weight.copy_(U * root)
-    head.markov_w2.weight.copy_(Vh * root)
-
-
 class ContextFeatures:
     """A feature cache whose context rows are the taps (``taps``), the taps then the target's final-normed hidden
     (``taps+last``), or the final-normed hidden alone (``last``): a diagnostic of which target state the drafter
@@ -152,7 +123,7 @@ def main() -> None:
     from dspark.models.drafter import DSparkDrafter
     from dspark.models.loading import load_smollm2
     from dspark.training.features import FeatureCache
-    from dspark.training.init import feature_rms, init_from_target
+    from dspark.training.init import bigram_markov_init, feature_rms, init_from_target
     from dspark.training.objective import LossWeights
     from dspark.training.trainer import TrainConfig, train
 
@@ -174,7 +145,7 @@ def main() -> None:
     hold = list(range(0, len(cache), 13))
     train_idx = [i for i in range(len(cache)) if i not in set(hold)]
     if a.markov_init == "bigram":
-        bigram_markov_init(drafter.markov_head, cache, train_idx)
+        bigram_markov_init(drafter.markov_head, cache.tokens(train_idx))
     cfg = TrainConfig(
         steps=a.steps,
         batch_seqs=a.seqs,

@@ -51,6 +51,8 @@ def test_feature_cache_round_trip_and_resume(tmp_path):
     assert s.loss_mask.tolist() == [False] * len(rows[7]["prompt_ids"]) + [True] * len(
         rows[7]["response_ids"]
     )
+    for i, (tok, mask) in zip([7, 2, 8], cache.tokens([7, 2, 8]), strict=True):  # tokens only, same rows
+        assert torch.equal(tok, cache[i].input_ids) and torch.equal(mask, cache[i].loss_mask)
     f, last = target_features(t, ids, d.config.target_layer_ids)
     torch.testing.assert_close(s.features.float(), f, atol=0.05, rtol=0.02)  # bf16 storage
     torch.testing.assert_close(s.last_hidden.float(), last, atol=0.05, rtol=0.02)
@@ -148,11 +150,16 @@ def test_fit_cli_warm_start_bf16_and_summary(tmp_path, monkeypatch):
         "8",
     ]
     argv += ["--init", "norm", "--feature-scaling", "--bf16", "--no-compile-loss", "--log-every", "1"]
-    argv += ["--ce-weight", "0.5"]
+    argv += ["--ce-weight", "0.5", "--kl-weight", "0.25", "--markov-init", "bigram"]
     assert cli.main(argv) == 0
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["config"]["init"] == "norm" and summary["config"]["ce_weight"] == "0.5"
+    assert summary["config"]["kl_weight"] == "0.25" and summary["config"]["markov_init"] == "bigram"
     lines = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in lines)
+    assert all(math.isfinite(r["kl"]) and r["kl"] >= 0 for r in lines)
     loaded = DSparkDrafter.from_pretrained(out / "final", target=t)
     assert loaded.config.target_layer_ids == cache.layer_ids and loaded.markov_head is not None
+    rank0 = [a if a != "8" else "0" for a in argv]  # --markov-rank 0: no Markov head to start as a bigram
+    with pytest.raises(SystemExit, match="bigram"):
+        cli.main(rank0)

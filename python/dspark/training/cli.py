@@ -64,10 +64,12 @@ def _fit(args: argparse.Namespace) -> int:
     from dspark.cli import load_target
     from dspark.models.drafter import DSparkDrafter
     from dspark.training.features import FeatureCache
-    from dspark.training.init import feature_rms, init_from_target
+    from dspark.training.init import bigram_markov_init, feature_rms, init_from_target
     from dspark.training.objective import LossWeights
     from dspark.training.trainer import TrainConfig, train
 
+    if args.markov_init == "bigram" and args.markov_rank == 0:
+        raise SystemExit("--markov-init bigram: needs a Markov head (--markov-rank > 0)")
     distributed = False
     import os
 
@@ -96,6 +98,8 @@ def _fit(args: argparse.Namespace) -> int:
     n = len(cache)
     hold = min(args.holdout, n - 1)
     indices = list(range(n - hold)) if hold > 0 else None
+    if args.markov_init == "bigram":  # every rank computes the same table from the same sequences
+        bigram_markov_init(drafter.markov_head, cache.tokens(indices))
     cfg = TrainConfig(
         steps=args.steps,
         batch_seqs=args.batch_seqs,
@@ -213,6 +217,12 @@ def add_train_parser(sub) -> None:
         "--feature-scaling",
         action="store_true",
         help="rescale fc's input channels by their RMS on the training features (see dspark.training.init)",
+    )
+    t.add_argument(
+        "--markov-init",
+        choices=("random", "bigram"),
+        default="random",
+        help="start the Markov head as a low-rank bigram model of the training responses (docs/training.md)",
     )
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--l1-weight", type=float, default=0.9)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +119,19 @@ class FeatureCache:
         return Sample(
             ids, loss_mask_for(s["prompt_len"], ids.numel()), t[f"{k}.features"], t[f"{k}.last_hidden"]
         )
+
+    def tokens(self, indices: Sequence[int] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
+        """``(input_ids [S] int64, loss_mask [S] bool)`` of each sample in ``indices`` (all by default), in that
+        order, without reading the features (each shard is opened once, memory-mapped)."""
+        from safetensors import safe_open
+
+        handles: dict[str, object] = {}
+        for i in range(len(self)) if indices is None else indices:
+            s = self.index["samples"][i]
+            if s["shard"] not in handles:
+                handles[s["shard"]] = safe_open(str(self.path / s["shard"]), framework="pt")
+            ids = handles[s["shard"]].get_tensor(f"{s['key']}.input_ids").to(torch.int64)
+            yield ids, loss_mask_for(s["prompt_len"], ids.numel())
 
     def order_by_shard(self, indices: Sequence[int]) -> list[int]:
         """Indices grouped by shard (each shard is read once per pass), shard order and in-shard order kept."""

@@ -11,16 +11,20 @@
   measured on training data) starts every channel at the same weight.
 * ``"late"`` / ``"early"``: ``"norm"`` plus the drafter's decoder layers copied from the target's last / first
   layers (attention projections, MLP, layer norms; the drafter's per-head q/k norms start at one).
+* :func:`bigram_markov_init`: the vanilla Markov head's bias ``W2 · W1[prev]`` starts as a rank-r bigram model of
+  the training responses instead of at random, so a short run starts from what a bigram table already predicts
+  (docs/training.md: +10 % training τ estimate after 400 steps on SmolLM2-135M).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from dspark.models.drafter import DSparkDrafter
+from dspark.models.heads import VanillaMarkovHead
 from dspark.models.target import _decoder_layers
 from dspark.training.features import _final_norm
 
@@ -84,3 +88,44 @@ def init_from_target(
             getattr(dst.mlp, name).weight.copy_(getattr(s.mlp, name).weight)
         dst.input_layernorm.weight.copy_(s.input_layernorm.weight)
         dst.post_attention_layernorm.weight.copy_(s.post_attention_layernorm.weight)
+
+
+@torch.no_grad()
+def bigram_markov_init(
+    head: VanillaMarkovHead, sequences: Iterable[tuple[Tensor, Tensor]], floor: float = 1e-3
+) -> int:
+    """Set ``W1`` / ``W2`` so that ``W2 · W1[a] ≈ max(0, log(n_ab / n_a / floor))``; returns the pair count.
+
+    ``sequences`` yields ``(input_ids [S], loss_mask [S])`` (e.g. :meth:`FeatureCache.tokens`); ``n_ab`` counts
+    the pairs ``(x[t-1], x[t])`` with ``x[t]`` a response token. The ``[V, V]`` matrix (zero for unseen pairs,
+    so a row's argmax is the most frequent successor) is factorised by a randomised truncated SVD:
+    ``W1 = U·sqrt(S)``, ``W2 = V·sqrt(S)`` at the head's rank.
+    """
+    if not isinstance(head, VanillaMarkovHead):
+        raise ValueError(f"head: bigram init needs a vanilla Markov head, got {type(head).__name__}")
+    if not 0.0 < floor < 1.0:
+        raise ValueError(f"floor: expected a probability in (0, 1), got {floor}")
+    V, r = head.markov_w1.weight.shape
+    pairs = []
+    for ids, mask in sequences:
+        t = torch.nonzero(mask.bool()).view(-1)
+        t = t[t > 0]
+        pairs.append(torch.stack([ids[t - 1], ids[t]], 1).to(torch.int64))
+    ab = torch.cat(pairs) if pairs else torch.empty(0, 2, dtype=torch.int64)
+    if ab.shape[0] == 0:
+        raise ValueError("sequences: no response token pairs to count")
+    if int(ab.min()) < 0 or int(ab.max()) >= V:
+        raise ValueError(f"sequences: token ids outside the Markov table's vocabulary [0, {V})")
+    uniq, n_ab = torch.unique(ab[:, 0] * V + ab[:, 1], return_counts=True)
+    a, b = uniq // V, uniq % V
+    n_a = torch.bincount(ab[:, 0], minlength=V).double()
+    val = (n_ab.double() / n_a[a] / floor).log().clamp_min(0).float()
+    M = torch.sparse_coo_tensor(torch.stack([a, b]), val, (V, V), check_invariants=False).coalesce()
+    U, S, Vm = torch.svd_lowrank(M, q=min(r, V), niter=4)
+    root = S.sqrt()
+    w1, w2 = head.markov_w1.weight, head.markov_w2.weight
+    w1.zero_()
+    w2.zero_()
+    w1[:, : root.numel()] = (U * root).to(w1)
+    w2[:, : root.numel()] = (Vm * root).to(w2)
+    return int(ab.shape[0])
