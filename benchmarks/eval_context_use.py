@@ -6,7 +6,13 @@ A drafter that reads the most recent context rows loses accuracy when they are s
 only picks up a bag-of-context topic (plus the Markov head's bigram) loses little. Sequences come from a
 feature cache (``dspark train features``); blocks are the first ``--anchors`` anchors of each sequence.
 
-    python benchmarks/eval_context_use.py runs/v3/dspark/final --features runs/feats_big
+``--attention`` also prints, per drafter layer, where the block's queries attend: the share of attention on
+context row ``a - 1`` (the latest target state), on the last 8 context rows and on the block itself.
+``--ngram`` prints the baseline a drafter has to beat: the argmax match of n-gram count tables (1–3 previous
+tokens) built on the response tokens of the cached sequences outside the held-out split (every 13th, as in
+``train_init_ab.py``) and measured on the held-out ones.
+
+    python benchmarks/eval_context_use.py runs/v3/dspark/final --features runs/feats_big --attention --ngram
 """
 
 from __future__ import annotations
@@ -53,6 +59,88 @@ def slot_match(drafter, cache, indices, mode: str, anchors: int, seed: int = 0) 
     return (match / count.clamp_min(1)).tolist()
 
 
+def _recording(fn, store: dict, key: str):
+    """``fn`` that also appends each result to ``store[key]``."""
+
+    def run(*args):
+        out = fn(*args)
+        store[key].append(out)
+        return out
+
+    return run
+
+
+@torch.no_grad()
+def attention_shares(drafter, cache, indices, anchors: int) -> list[dict]:
+    """Per layer: mean attention share of the block queries on context row ``a-1``, the last 8 rows, the block.
+
+    Runs :func:`block_hidden` with each layer's ``project_q`` / ``project_kv`` wrapped to keep the rotated
+    queries and keys (block keys first, then the context's: ``block_hidden``'s order), then recomputes the
+    softmax with its mask.
+    """
+    from dspark.training.objective import block_hidden
+
+    c = drafter.config
+    g, scale = c.block_size, c.head_dim**-0.5
+    sums = torch.zeros(len(drafter.layers), 3)
+    for i in indices:
+        s = cache[i]
+        m = s.loss_mask.bool()
+        a = torch.nonzero(m[:-1] & m[1:]).view(-1)[:anchors]
+        S, n = s.input_ids.numel(), a.numel() * g
+        got: list[dict] = [{"q": [], "k": []} for _ in drafter.layers]
+        for layer, store in zip(drafter.layers, got, strict=True):
+            at = layer.self_attn
+            at.project_q = _recording(at.project_q, store, "q")
+            at.project_kv = _recording(at.project_kv, store, "k")
+        try:
+            block_hidden(drafter, s.features.float(), s.input_ids, a)
+        finally:
+            for layer in drafter.layers:
+                del layer.self_attn.project_q, layer.self_attn.project_kv
+        anchor_of = a.repeat_interleave(g).unsqueeze(1)  # [n, 1]
+        col = torch.arange(S).unsqueeze(0)
+        own = torch.arange(a.numel()).repeat_interleave(g)
+        visible = torch.cat([col < anchor_of, own.unsqueeze(1) == own.unsqueeze(0)], 1)  # [n, S + n]
+        for li, (layer, store) in enumerate(zip(drafter.layers, got, strict=True)):
+            (kb, _), (kc, _) = store["k"]
+            k = torch.cat([kc, kb], 0).repeat_interleave(layer.self_attn.heads // layer.self_attn.kv_heads, 1)
+            p = (torch.einsum("nhd,mhd->hnm", store["q"][0], k) * scale).masked_fill(~visible, float("-inf"))
+            p = p.softmax(-1)  # [heads, n, S + n]
+            last = p[:, torch.arange(n), anchor_of.view(-1) - 1].mean()
+            last8 = (p[:, :, :S] * ((col >= anchor_of - 8) & (col < anchor_of))).sum(-1).mean()
+            sums[li] += torch.stack([last, last8, p[:, :, S:].sum(-1).mean()])
+    sums /= max(len(indices), 1)
+    return [
+        {"layer": li, "row_a-1": round(r[0], 3), "last_8_rows": round(r[1], 3), "block": round(r[2], 3)}
+        for li, r in enumerate(sums.tolist())
+    ]
+
+
+def ngram_baseline(cache, n: int, hold_every: int = 13) -> float:
+    """Held-out argmax match of an ``n``-previous-token count table built on the other sequences' responses."""
+    from collections import Counter, defaultdict
+
+    hold = set(range(0, len(cache), hold_every))
+    table: dict[tuple, Counter] = defaultdict(Counter)
+    held = []
+    for i, (ids, mask) in enumerate(cache.tokens()):
+        ids, pos = ids.tolist(), torch.nonzero(mask).view(-1).tolist()
+        pos = [t for t in pos if t >= n]
+        if i in hold:
+            held.append((ids, pos))
+        else:
+            for t in pos:
+                table[tuple(ids[t - n : t])][ids[t]] += 1
+    hit = total = 0
+    for ids, pos in held:
+        for t in pos:
+            c = table.get(tuple(ids[t - n : t]))
+            hit += bool(c) and c.most_common(1)[0][0] == ids[t]
+            total += 1
+    return hit / max(total, 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("drafter", help="a drafter checkpoint folder")
@@ -61,6 +149,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=20, help="at most this many sequences")
     ap.add_argument("--anchors", type=int, default=128, help="anchors per sequence")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attention", action="store_true", help="also print where the block attends, per layer")
+    ap.add_argument("--ngram", action="store_true", help="also print the n-gram count-table baselines")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
@@ -78,6 +168,12 @@ def main() -> None:
             json.dumps({"mode": mode, "sequences": len(idx), "match": [round(r, 3) for r in rates]}),
             flush=True,
         )
+    if a.attention:
+        for row in attention_shares(drafter, cache, idx, min(a.anchors, 64)):
+            print(json.dumps({"attention": row}), flush=True)
+    if a.ngram:
+        for n in (1, 2, 3):
+            print(json.dumps({"ngram": n, "held_out_match": round(ngram_baseline(cache, n), 3)}), flush=True)
 
 
 if __name__ == "__main__":
