@@ -243,8 +243,13 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
   std::vector<uint32_t> req(R);
   for (int64_t r = 0; r < R; ++r)
     req[r] = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
-  const at::Tensor w1f = w1c.to(at::kFloat);
-  const float* w1p = w1f.data_ptr<float>();
+  // W1 rows are widened to f32 as they are gathered (exact), not the whole [V, r] table on every call
+  const auto gather_w1 = [&](int64_t row, float* dst) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w1c.scalar_type(), "markov_sample_w1", [&] {
+      const scalar_t* src = w1c.data_ptr<scalar_t>() + row * rank;
+      for (int64_t j = 0; j < rank; ++j) dst[j] = static_cast<float>(src[j]);
+    });
+  };
   const bool simd = avx512::enabled();
   const int64_t nb = (rank + 7) / 8;
   std::vector<float> e2(simd ? static_cast<size_t>((R + 1) / 2 * nb * 16) : 0);
@@ -253,8 +258,7 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
 #endif
   for (int64_t k = 0; k < G; ++k) {
     for (int64_t r = 0; r < R; ++r) {  // e = W1[x_{k-1}]
-      const int64_t prev = k == 0 ? ap[r] : xp[r * G + k - 1];
-      std::copy(w1p + prev * rank, w1p + (prev + 1) * rank, ep + (r * G + k) * rank);
+      gather_w1(k == 0 ? ap[r] : xp[r * G + k - 1], ep + (r * G + k) * rank);
     }
 #if DSPARK_HAVE_AVX512_PATH
     if (simd) {

@@ -32,7 +32,7 @@ def plot_curves(logs: Mapping[str, str | os.PathLike], out_png: str | os.PathLik
         steps = [r["step"] for r in rows]
         a.plot(steps, [r["loss"] for r in rows], label=name)
         b.plot(steps, [r["tau_estimate"] for r in rows], label=name)
-    a.set_title("training loss (0.1 CE + 0.9 L1 [+ BCE])")
+    a.set_title("training loss (each run's own objective)")
     b.set_title("τ estimate from the training batches")
     for ax in (a, b):
         ax.set_xlabel("step")
