@@ -12,6 +12,10 @@ teacher-forced greedy acceptance on held-out cached sequences (every 13th one, n
 23rd cached sequence) and evaluates on the same scaled features; a deployed drafter would fold the scale into
 ``fc``'s columns. Unlike ``--feature-scaling`` (which only rescales ``fc``'s initial columns) this also
 equalises Adam's effective step per input channel.
+
+``--context taps+last`` / ``last`` add or substitute the target's final-normed hidden as a context feature (a
+diagnostic: not a servable tap); ``--kl W`` adds the forward-KL term with weight ``W``; ``--markov-init bigram``
+starts the Markov head as the training responses' bigram model (docs/training.md has the results).
 """
 
 from __future__ import annotations

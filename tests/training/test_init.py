@@ -92,7 +92,7 @@ def test_bigram_init_is_the_counted_bigram_table(pair):
     assert got_pairs == int(n.sum())
     with torch.no_grad():
         table = d.markov_head.markov_w2(d.markov_head.markov_w1.weight)  # [V, V]: bias of every prev token
-    # fewer distinct prev rows (8) than the rank (8): the factorisation is exact up to float error
+    # as many distinct prev rows (8) as the rank (8): the factorisation is exact up to float error
     torch.testing.assert_close(table, want, atol=2e-3, rtol=1e-3)
     seen = n.sum(1) > 0
     assert torch.equal(table[seen].argmax(1), n[seen].argmax(1))  # the most frequent successor
