@@ -117,28 +117,31 @@ def attention_shares(drafter, cache, indices, anchors: int) -> list[dict]:
     ]
 
 
-def ngram_baseline(cache, n: int, hold_every: int = 13) -> float:
-    """Held-out argmax match of an ``n``-previous-token count table built on the other sequences' responses."""
+def ngram_baselines(cache, ns: tuple[int, ...] = (1, 2, 3), hold_every: int = 13) -> dict[int, float]:
+    """Held-out argmax match of ``n``-previous-token count tables built on the other sequences' responses."""
     from collections import Counter, defaultdict
 
     hold = set(range(0, len(cache), hold_every))
-    table: dict[tuple, Counter] = defaultdict(Counter)
-    held = []
-    for i, (ids, mask) in enumerate(cache.tokens()):
-        ids, pos = ids.tolist(), torch.nonzero(mask).view(-1).tolist()
-        pos = [t for t in pos if t >= n]
-        if i in hold:
-            held.append((ids, pos))
-        else:
-            for t in pos:
-                table[tuple(ids[t - n : t])][ids[t]] += 1
-    hit = total = 0
-    for ids, pos in held:
-        for t in pos:
-            c = table.get(tuple(ids[t - n : t]))
-            hit += bool(c) and c.most_common(1)[0][0] == ids[t]
-            total += 1
-    return hit / max(total, 1)
+    seqs = [
+        (i in hold, ids.tolist(), torch.nonzero(m).view(-1).tolist())
+        for i, (ids, m) in enumerate(cache.tokens())
+    ]
+    out = {}
+    for n in ns:
+        table: dict[tuple, Counter] = defaultdict(Counter)
+        for held, ids, pos in seqs:
+            for t in pos if not held else ():
+                if t >= n:
+                    table[tuple(ids[t - n : t])][ids[t]] += 1
+        hit = total = 0
+        for held, ids, pos in seqs:
+            for t in pos if held else ():
+                if t >= n:
+                    c = table.get(tuple(ids[t - n : t]))
+                    hit += bool(c) and c.most_common(1)[0][0] == ids[t]
+                    total += 1
+        out[n] = hit / max(total, 1)
+    return out
 
 
 def main() -> None:
@@ -172,8 +175,8 @@ def main() -> None:
         for row in attention_shares(drafter, cache, idx, min(a.anchors, 64)):
             print(json.dumps({"attention": row}), flush=True)
     if a.ngram:
-        for n in (1, 2, 3):
-            print(json.dumps({"ngram": n, "held_out_match": round(ngram_baseline(cache, n), 3)}), flush=True)
+        for n, rate in ngram_baselines(cache).items():
+            print(json.dumps({"ngram": n, "held_out_match": round(rate, 3)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -56,42 +56,49 @@ def held_out_tau(drafter, cache, indices: list[int]) -> tuple[float, list[float]
     return 1.0 + lead_sum / max(blocks, 1), (match / count.clamp_min(1)).tolist()
 
 
-class ScaledFeatures:
-    """A feature cache whose samples' features are multiplied by a fixed per-channel scale ``[m*H]``."""
+class MappedFeatures:
+    """A feature cache whose samples' features go through :meth:`features` (everything else is the cache's)."""
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int):
+        s = self.cache[i]
+        return replace(s, features=self.features(s))
+
+    def __getattr__(self, name: str):
+        return getattr(self.cache, name)
+
+    def features(self, s) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class ScaledFeatures(MappedFeatures):
+    """Features multiplied by a fixed per-channel scale ``[m*H]``."""
 
     def __init__(self, cache, scale: torch.Tensor) -> None:
-        self.cache, self.scale = cache, scale
+        super().__init__(cache)
+        self.scale = scale
 
-    def __len__(self) -> int:
-        return len(self.cache)
-
-    def __getitem__(self, i: int):
-        s = self.cache[i]
-        return replace(s, features=(s.features.float() * self.scale).to(s.features.dtype))
-
-    def __getattr__(self, name: str):
-        return getattr(self.cache, name)
+    def features(self, s) -> torch.Tensor:
+        return (s.features.float() * self.scale).to(s.features.dtype)
 
 
-class ContextFeatures:
-    """A feature cache whose context rows are the taps (``taps``), the taps then the target's final-normed hidden
-    (``taps+last``), or the final-normed hidden alone (``last``): a diagnostic of which target state the drafter
-    can use. The final-normed hidden is not a servable tap (the decoder taps layers below the last one)."""
+class ContextFeatures(MappedFeatures):
+    """Context rows are the taps then the target's final-normed hidden (``taps+last``), or that hidden alone
+    (``last``): a diagnostic of which target state the drafter can use. The final-normed hidden is not a
+    servable tap (the decoder taps layers below the last one)."""
 
     def __init__(self, cache, mode: str) -> None:
-        self.cache, self.mode = cache, mode
+        super().__init__(cache)
+        self.mode = mode
 
-    def __len__(self) -> int:
-        return len(self.cache)
-
-    def __getitem__(self, i: int):
-        s = self.cache[i]
+    def features(self, s) -> torch.Tensor:
         last = s.last_hidden.to(s.features.dtype)
-        feats = last if self.mode == "last" else torch.cat([s.features, last], -1)
-        return replace(s, features=feats)
-
-    def __getattr__(self, name: str):
-        return getattr(self.cache, name)
+        return last if self.mode == "last" else torch.cat([s.features, last], -1)
 
     @property
     def layer_ids(self) -> list[int]:

@@ -120,7 +120,7 @@ def bigram_markov_init(
     a, b = uniq // V, uniq % V
     n_a = torch.bincount(ab[:, 0], minlength=V).double()
     val = (n_ab.double() / n_a[a] / floor).log().clamp_min(0).float()
-    M = torch.sparse_coo_tensor(torch.stack([a, b]), val, (V, V), check_invariants=False).coalesce()
+    M = torch.sparse_coo_tensor(torch.stack([a, b]), val, (V, V), is_coalesced=True, check_invariants=False)
     U, S, Vm = torch.svd_lowrank(M, q=min(r, V), niter=4)
     root = S.sqrt()
     w1, w2 = head.markov_w1.weight, head.markov_w2.weight
