@@ -15,11 +15,11 @@ TORCH_LIBRARY(dspark, m) {
   m.def(
       "philox_draw(int seed, int offset, Tensor request, Tensor position, int purpose, Tensor index) "
       "-> (Tensor uniform, Tensor gumbel)");
-  // hidden [R, g, H], prev_emb [R, g, r], weight [H + r] f32, bias [] f32, sts_temperature [g] f32
-  //   -> logit, conf, survival: [R, g] f32
+  // hidden [R, g, H], prev_emb [R, g, r], weight [H + r] f32, bias [] f32, sts_temperature [g] f32,
+  // sts_bias [g] f32 (none = zeros) -> logit, conf, survival: [R, g] f32
   m.def(
-      "confidence(Tensor hidden, Tensor prev_emb, Tensor weight, Tensor bias, Tensor sts_temperature) "
-      "-> (Tensor logit, Tensor conf, Tensor survival)");
+      "confidence(Tensor hidden, Tensor prev_emb, Tensor weight, Tensor bias, Tensor sts_temperature, "
+      "Tensor? sts_bias=None) -> (Tensor logit, Tensor conf, Tensor survival)");
   // survival [R, g] f32, lagged_survival [R, g] f32 (lagged_topk only), sps_tokens [n] i64, sps_rate [n] f64
   //   -> verify_len [R] i32 in [1, g + 1], budget [] i64
   m.def(

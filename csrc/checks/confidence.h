@@ -7,7 +7,8 @@ namespace dspark {
 
 inline void check_confidence_args(const at::Tensor& hidden, const at::Tensor& prev_emb,
                                   const at::Tensor& weight, const at::Tensor& bias,
-                                  const at::Tensor& sts_temperature) {
+                                  const at::Tensor& sts_temperature,
+                                  const std::optional<at::Tensor>& sts_bias) {
   constexpr const char* op = "confidence";
   check_dim(op, hidden, "hidden", 3);
   check_dim(op, prev_emb, "prev_emb", 3);
@@ -34,6 +35,14 @@ inline void check_confidence_args(const at::Tensor& hidden, const at::Tensor& pr
   check_same_device(op, hidden, "hidden", weight, "weight");
   check_same_device(op, hidden, "hidden", bias, "bias");
   check_same_device(op, hidden, "hidden", sts_temperature, "sts_temperature");
+  if (sts_bias.has_value()) {
+    check_dim(op, *sts_bias, "sts_bias", 1);
+    check_dtype(op, *sts_bias, "sts_bias", at::kFloat);
+    TORCH_CHECK_VALUE(sts_bias->size(0) == hidden.size(1),
+                      "dspark::confidence: sts_bias must have one entry per draft position (gamma = ",
+                      hidden.size(1), "), got ", sts_bias->size(0));
+    check_same_device(op, hidden, "hidden", *sts_bias, "sts_bias");
+  }
 }
 
 }  // namespace dspark

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU confidence: c = sigmoid((w . [h; e] + b) / T_k) per draft position and the survival cumprod.
+// CPU confidence: c = sigmoid((w . [h; e] + b) / T_k + o_k) per draft position and the survival cumprod.
 #include "checks/confidence.h"
 
 #include <ATen/Dispatch.h>
@@ -25,14 +25,12 @@ float dot_f32(const T* x, const float* w, int64_t n) {
 
 }  // namespace
 
-// hidden [R, g, H], prev_emb [R, g, r], weight [H + r] f32, bias [] f32, sts_temperature [g] f32
-//   -> logit, conf, survival: [R, g] f32
-std::tuple<at::Tensor, at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& hidden,
-                                                              const at::Tensor& prev_emb,
-                                                              const at::Tensor& weight,
-                                                              const at::Tensor& bias,
-                                                              const at::Tensor& sts_temperature) {
-  check_confidence_args(hidden, prev_emb, weight, bias, sts_temperature);
+// hidden [R, g, H], prev_emb [R, g, r], weight [H + r] f32, bias [] f32, sts_temperature [g] f32,
+// sts_bias [g] f32 or none (zeros) -> logit, conf, survival: [R, g] f32
+std::tuple<at::Tensor, at::Tensor, at::Tensor> confidence_cpu(
+    const at::Tensor& hidden, const at::Tensor& prev_emb, const at::Tensor& weight, const at::Tensor& bias,
+    const at::Tensor& sts_temperature, const std::optional<at::Tensor>& sts_bias) {
+  check_confidence_args(hidden, prev_emb, weight, bias, sts_temperature, sts_bias);
   const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), r = prev_emb.size(2);
   const auto h = hidden.contiguous();
   const auto e = prev_emb.to(hidden.scalar_type()).contiguous();
@@ -42,6 +40,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& 
   for (int64_t k = 0; k < G; ++k) {
     TORCH_CHECK_VALUE(std::isfinite(tp[k]) && tp[k] > 0.f, "dspark::confidence: sts_temperature[", k,
                       "] must be finite and > 0, got ", tp[k]);
+  }
+  const auto o = sts_bias.has_value() ? sts_bias->contiguous() : at::zeros({G}, t.options());
+  const float* offp = o.data_ptr<float>();
+  for (int64_t k = 0; k < G; ++k) {
+    TORCH_CHECK_VALUE(std::isfinite(offp[k]), "dspark::confidence: sts_bias[", k, "] must be finite, got ",
+                      offp[k]);
   }
   const float b = bias.item<float>();
   auto opts = h.options().dtype(at::kFloat);
@@ -59,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& 
           const int64_t rk = row * G + k;
           const float z = dot_f32(hp + rk * H, wp, H) + dot_f32(ep + rk * r, wp + H, r) + b;
           lp[rk] = z;
-          cp[rk] = sts_sigmoid(z, tp[k]);
+          cp[rk] = sts_sigmoid(z, tp[k], offp[k]);
         }
         survival_row(cp + row * G, sp + row * G, static_cast<int>(G));
       }

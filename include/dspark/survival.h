@@ -5,9 +5,10 @@
 
 namespace dspark {
 
-// Calibrated confidence c = sigmoid(logit / T) in fp32.
-DSPARK_HD float sts_sigmoid(float logit, float temperature) {
-  const float z = logit / temperature;
+// Calibrated confidence c = sigmoid(logit / T + b) in fp32 (b = 0 for SGLang's temperature-only STS:
+// adding +0.0f leaves logit / T unchanged, so both forms give the same bits there).
+DSPARK_HD float sts_sigmoid(float logit, float temperature, float offset = 0.f) {
+  const float z = logit / temperature + offset;
 #if defined(__CUDA_ARCH__)
   return 1.0f / (1.0f + expf(-z));
 #else

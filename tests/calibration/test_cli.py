@@ -58,11 +58,16 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     assert {"dataset", "num_samples", "ece_before", "ece_after", "auroc_after", "brier_after"} <= sts.keys()
     assert sts["dataset"] == str(prompts) and sts["label"] == "prob"
     assert all(a <= b + 1e-12 for a, b in zip(sts["ece_after"], sts["ece_before"], strict=True))
+    # affine STS by default, with held-out ECE over request folds
+    assert sts["sts"] == "affine" and len(sts["biases"]) == 3 and len(sts["ece_heldout"]) == 3
     # the decoder loads what calibrate writes
-    torch.testing.assert_close(_load_sts(out / "sts.json", 3), torch.tensor(sts["temperatures"]))
+    t, b = _load_sts(out / "sts.json", 3)
+    torch.testing.assert_close(t, torch.tensor(sts["temperatures"]))
+    torch.testing.assert_close(b, torch.tensor(sts["biases"]))
     metrics = json.loads((out / "calibration_metrics.json").read_text())
     assert metrics["gamma"] == 3 and metrics["num_samples"] == sts["num_samples"] > 0
     assert len(metrics["before"]["ece"]) == len(metrics["after"]["auroc"]) == 3
+    assert metrics["heldout_folds"] == 2 and metrics["heldout"]["ece"] == sts["ece_heldout"]
     png = (out / "reliability.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
     data = CalibrationData.load(out / "calibration_data.pt")
@@ -73,6 +78,13 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     out2 = tmp_path / "refit"
     assert cli.main(["calibrate", "--data", str(out / "calibration_data.pt"), "--out", str(out2)]) == 0
     assert json.loads((out2 / "sts.json").read_text())["temperatures"] == sts["temperatures"]
+    # SGLang's temperature-only STS, without held-out metrics: no offsets in the file, none loaded
+    out3 = tmp_path / "temperature"
+    argv3 = ["calibrate", "--data", str(out / "calibration_data.pt"), "--out", str(out3)]
+    assert cli.main(argv3 + ["--sts", "temperature", "--folds", "0"]) == 0
+    sts3 = json.loads((out3 / "sts.json").read_text())
+    assert sts3["sts"] == "temperature" and "biases" not in sts3 and "ece_heldout" not in sts3
+    assert _load_sts(out3 / "sts.json", 3)[1] is None
 
 
 def test_calibrate_greedy_label_and_missing_arguments(setup, tmp_path, capsys):

@@ -35,8 +35,9 @@ def test_bundled_sts_and_sps_files_load():
     b = bundled_drafter()
     assert b.sts is not None and b.sps is not None
     cfg = read_config(b.path)
-    t = _load_sts(str(b.sts), cfg.block_size)
+    t, bias = _load_sts(str(b.sts), cfg.block_size)
     assert t.shape == (cfg.block_size,) and bool((t > 0).all())
+    assert bias is None or bias.shape == (cfg.block_size,)
     table = SpsTable.load(b.sps)
     assert len(table.sample_batch_tokens) >= 4
     assert "temperatures" in json.loads(b.sts.read_text())

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA confidence: c = sigmoid((w . [h; e] + b) / T_k) per draft position and the survival cumprod.
+// CUDA confidence: c = sigmoid((w . [h; e] + b) / T_k + o_k) per draft position and the survival cumprod.
 //
 // One block per request, its warps over the gamma positions. A warp computes one dot product in fp32 (lane
 // partial sums, vectorised 16-byte loads when aligned, butterfly shuffle reduction); lane 0 applies the bias
@@ -61,12 +61,13 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 // grid: R blocks; block: 32 * warps threads; dynamic shared memory: gamma floats when use_smem.
-// hidden [R, G, H], prev_emb [R, G, r], weight [H + r] f32, bias [1] f32, temperature [G] f32
-//   -> logit, conf, survival: [R, G] f32
+// hidden [R, G, H], prev_emb [R, G, r], weight [H + r] f32, bias [1] f32, temperature [G] f32,
+// offset [G] f32 or null (zeros) -> logit, conf, survival: [R, G] f32
 template <typename DType>
 __global__ void ConfidenceKernel(const DType* __restrict__ hidden, const DType* __restrict__ prev_emb,
                                  const float* __restrict__ weight, const float* __restrict__ bias,
-                                 const float* __restrict__ temperature, float* __restrict__ logit,
+                                 const float* __restrict__ temperature, const float* __restrict__ offset,
+                                 float* __restrict__ logit,
                                  float* conf,  // not restrict: thread 0 reads it back when !use_smem
                                  float* __restrict__ survival, int64_t G, int64_t H, int64_t rank,
                                  bool use_smem) {
@@ -81,7 +82,7 @@ __global__ void ConfidenceKernel(const DType* __restrict__ hidden, const DType* 
     const float de = WarpSum(LaneDot(prev_emb + rk * rank, weight + H, rank, lane));
     if (lane == 0) {
       const float z = add_rn(add_rn(dh, de), b);
-      const float c = sts_sigmoid(z, temperature[k]);
+      const float c = sts_sigmoid(z, temperature[k], offset == nullptr ? 0.f : offset[k]);
       logit[rk] = z;
       conf[rk] = c;
       if (use_smem) s_conf[k] = c;
@@ -95,14 +96,14 @@ __global__ void ConfidenceKernel(const DType* __restrict__ hidden, const DType* 
 
 template <typename DType>
 cudaError_t Confidence(const DType* hidden, const DType* prev_emb, const float* weight, const float* bias,
-                       const float* temperature, float* logit, float* conf, float* survival, int64_t R,
-                       int64_t G, int64_t H, int64_t rank, cudaStream_t stream) {
+                       const float* temperature, const float* offset, float* logit, float* conf,
+                       float* survival, int64_t R, int64_t G, int64_t H, int64_t rank, cudaStream_t stream) {
   if (R <= 0 || G <= 0) return cudaSuccess;
   const int warps = static_cast<int>(G < kConfidenceMaxWarps ? G : kConfidenceMaxWarps);
   const bool use_smem = G <= kConfidenceMaxSharedGamma;
   const size_t smem = use_smem ? static_cast<size_t>(G) * sizeof(float) : 0;
   ConfidenceKernel<DType><<<static_cast<unsigned>(R), 32 * warps, smem, stream>>>(
-      hidden, prev_emb, weight, bias, temperature, logit, conf, survival, G, H, rank, use_smem);
+      hidden, prev_emb, weight, bias, temperature, offset, logit, conf, survival, G, H, rank, use_smem);
   return cudaGetLastError();
 }
 

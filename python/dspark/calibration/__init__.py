@@ -22,9 +22,17 @@ from dspark.calibration.report import (
     reliability_diagram,
     write_calibration_outputs,
 )
-from dspark.calibration.sts import DEFAULT_GRID, StsFit, cumulative_survival, fit_sts
+from dspark.calibration.sts import (
+    DEFAULT_BIAS_GRID,
+    DEFAULT_GRID,
+    StsFit,
+    cross_fitted_survival,
+    cumulative_survival,
+    fit_sts,
+)
 
 __all__ = [
+    "DEFAULT_BIAS_GRID",
     "DEFAULT_GRID",
     "CalibrationData",
     "CalibrationReport",
@@ -35,6 +43,7 @@ __all__ = [
     "calibrate",
     "calibration_metrics",
     "collect_calibration_data",
+    "cross_fitted_survival",
     "cumulative_survival",
     "ece",
     "fit_sts",

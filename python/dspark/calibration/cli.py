@@ -12,7 +12,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``calibrate`` subcommand on the ``dspark`` parser."""
     c = sub.add_parser(
         "calibrate",
-        help="fit the confidence head's STS temperatures (writes sts.json, calibration_metrics.json, reliability.png)",
+        help="fit the confidence head's STS (writes sts.json, calibration_metrics.json, reliability.png)",
     )
     c.add_argument("--target", help="'smollm2', a .gguf file or a Hugging Face model folder")
     c.add_argument("--drafter", help="the DSpark checkpoint folder to calibrate")
@@ -31,6 +31,19 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--block-size", type=int, default=None, help="drafts per round (default: the drafter's)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--bins", type=int, default=20, help="equal-width ECE bins")
+    c.add_argument(
+        "--sts",
+        choices=["affine", "temperature"],
+        default="affine",
+        help="'affine' fits a temperature and an offset per position (sts.json gains 'biases'); "
+        "'temperature' is SGLang's STS (temperatures only)",
+    )
+    c.add_argument(
+        "--folds",
+        type=int,
+        default=2,
+        help="request folds of the held-out (cross-fitted) metrics; 0 skips them",
+    )
     c.add_argument("--out", required=True, help="output folder")
     c.add_argument(
         "--save-data", action="store_true", help="also write the collected rows to calibration_data.pt"
@@ -97,21 +110,29 @@ def run_calibrate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.save_data:
         data.save(out / "calibration_data.pt")
-    report = calibrate(data, n_bins=args.bins)
+    report = calibrate(data, mode=args.sts, n_bins=args.bins, folds=args.folds)
     paths = write_calibration_outputs(out, data, report)
     print(
         f"{data.num_samples} rows x {data.gamma} positions, label {data.label!r}, "
-        f"temperature {data.temperature}; survival metrics before -> after STS "
-        f"(AUROC against the {report.auroc_label}):"
+        f"temperature {data.temperature}; survival metrics before -> after {report.mode} STS "
+        f"(AUROC against the {report.auroc_label}"
+        + (f"; held out: {report.folds} request folds" if report.heldout is not None else "")
+        + "):"
     )
     print(report.table())
     from dspark.calibration.sts import DEFAULT_GRID
 
     edge = [k for k, t in enumerate(report.temperatures) if t in (DEFAULT_GRID[0], DEFAULT_GRID[-1])]
-    if edge:  # a temperature cannot remove a bias: the head is off by more than scaling fixes
+    if edge and report.biases is None:  # a temperature cannot remove a bias: the offset of --sts affine can
         print(
             f"note: positions {edge} hit the edge of the temperature grid [0.1, 10]; the confidence head is "
-            "biased there, not just over/under-confident",
+            "biased there, not just over/under-confident (--sts affine fits an offset too)",
+            file=sys.stderr,
+        )
+    if report.biases is not None:
+        print(
+            "note: sts.json has affine offsets ('biases'); SGLang reads its temperatures only "
+            "(use --sts temperature for a file it applies in full)",
             file=sys.stderr,
         )
     for p in paths.values():

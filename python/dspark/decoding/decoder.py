@@ -126,23 +126,42 @@ def chat_token_ids(tokenizer: Any, prompt: str | list[dict]) -> list[int]:
     return [int(t) for t in ids]
 
 
-def _load_sts(sts: Any, gamma: int) -> Tensor | None:
+def _sts_vector(values: Any, gamma: int, what: str) -> Tensor:
+    try:
+        t = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"sts: {what} must be a list of numbers ({e})") from None
+    if t.numel() < gamma:
+        raise ValueError(f"sts: {t.numel()} {what} for block size {gamma}; need one per draft position")
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"sts: {what} must be finite")
+    return t[:gamma].contiguous()
+
+
+def _load_sts(sts: Any, gamma: int) -> tuple[Tensor | None, Tensor | None]:
+    """``(temperatures, biases)`` ``(γ,)`` float32 from an STS JSON path, its dict or a list of temperatures.
+
+    ``biases`` (affine STS offsets, an extension of SGLang's format) is None when the file has none."""
     if sts is None:
-        return None
+        return None, None
     if isinstance(sts, (str, Path)):
         try:
-            d = json.loads(Path(sts).read_text())
+            sts = json.loads(Path(sts).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"sts: cannot read STS JSON {sts}: {e}") from e
-        if not isinstance(d, dict) or "temperatures" not in d:
-            raise ValueError(f"sts: {sts} has no 'temperatures' list (SGLang's STS JSON expected)")
-        sts = d["temperatures"]
-    t = torch.as_tensor(sts, dtype=torch.float32).reshape(-1)
-    if t.numel() < gamma:
-        raise ValueError(f"sts: {t.numel()} temperatures for block size {gamma}; need one per draft position")
-    if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+        if not isinstance(sts, dict):
+            raise ValueError("sts: the STS JSON must be an object with a 'temperatures' list")
+    biases = None
+    if isinstance(sts, dict):
+        if "temperatures" not in sts:
+            raise ValueError("sts: no 'temperatures' list (SGLang's STS JSON expected)")
+        if sts.get("biases") is not None:
+            biases = _sts_vector(sts["biases"], gamma, "biases")
+        sts = sts["temperatures"]
+    t = _sts_vector(sts, gamma, "temperatures")
+    if bool((t <= 0).any()):
         raise ValueError("sts: temperatures must be finite and > 0")
-    return t[:gamma].contiguous()
+    return t, biases
 
 
 class DSparkDecoder:
@@ -159,8 +178,9 @@ class DSparkDecoder:
         ``"full"``, ``"threshold"``, ``"early_stop"`` (default) or ``"lagged_topk"``, or a ready Planner.
     sps_table : SpsTable, dict, path or None
         Target cost curve for the planner (missing: every draft is verified).
-    sts : path, sequence of float or None
-        Per-position STS temperatures of the confidence head (SGLang's STS JSON or a list).
+    sts : path, dict, sequence of float or None
+        Per-position STS of the confidence head: SGLang's STS JSON (path or loaded dict; an optional
+        ``"biases"`` list adds affine offsets, ``conf = sigmoid(logit / T + b)``) or a list of temperatures.
     block_size : int or None
         Drafts per round γ (default: the drafter's block size; at most that).
     page_size : int
@@ -209,8 +229,9 @@ class DSparkDecoder:
             planner if isinstance(planner, Planner) else Planner(planner, sps_table, threshold, lag)
         )
         self.adapter = TargetAdapter(target, page_size=page_size, max_pages=max_kv_pages)
-        sts_t = _load_sts(sts, max(gamma, 1))  # on the device once, not copied every round
+        sts_t, sts_b = _load_sts(sts, max(gamma, 1))  # on the device once, not copied every round
         self.sts = None if sts_t is None else sts_t.to(self.adapter.device)
+        self.sts_bias = None if sts_b is None else sts_b.to(self.adapter.device)
         self.taps = list(drafter.config.target_layer_ids)
         if any(t < 0 for t in self.taps):
             raise NotImplementedError(
@@ -557,7 +578,13 @@ class DSparkDecoder:
         t0 = time.perf_counter()
         if speculative:
             d = self.drafter.draft(
-                [r.rid for r in rs], anchors, cfg["temperature"], seed, self._offset, self.sts
+                [r.rid for r in rs],
+                anchors,
+                cfg["temperature"],
+                seed,
+                self._offset,
+                self.sts,
+                sts_bias=self.sts_bias,
             )
             self._offset += 1
             V = self.drafter.config.vocab_size

@@ -518,6 +518,7 @@ class DSparkDrafter(nn.Module):
         offset: int = 0,
         sts_temperature: Tensor | None = None,
         *,
+        sts_bias: Tensor | None = None,
         start_positions: Sequence[int] | None = None,
         return_base_logits: bool = False,
     ) -> DraftOutput:
@@ -535,6 +536,8 @@ class DSparkDrafter(nn.Module):
             Philox stream of this round (``offset`` advances once per round).
         sts_temperature : Tensor, optional
             ``(γ,)`` float32 STS temperatures of the confidence (ones when None).
+        sts_bias : Tensor, optional
+            ``(γ,)`` float32 offsets of affine STS, ``conf = sigmoid(logit / T + o)`` (zeros when None).
         start_positions : sequence of int, optional
             Anchor positions; default each request's :meth:`next_position`.
         return_base_logits : bool
@@ -577,5 +580,7 @@ class DSparkDrafter(nn.Module):
         out = DraftOutput(s.tokens, s.logits, s.prev_emb, hidden, U if return_base_logits else None)
         out.markov_seconds = time.perf_counter() - t_markov
         if self.confidence_head is not None:
-            out.conf_logit, out.conf, out.survival = self.confidence_head(hidden, s.prev_emb, sts_temperature)
+            out.conf_logit, out.conf, out.survival = self.confidence_head(
+                hidden, s.prev_emb, sts_temperature, sts_bias
+            )
         return out

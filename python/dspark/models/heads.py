@@ -320,9 +320,15 @@ class ConfidenceHead(nn.Module):
         return self.proj(x).squeeze(-1)
 
     def forward(
-        self, hidden: Tensor, prev_emb: Tensor, sts_temperature: Tensor | None = None
+        self,
+        hidden: Tensor,
+        prev_emb: Tensor,
+        sts_temperature: Tensor | None = None,
+        sts_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """``(logit, conf, survival)``, each ``(R, gamma)`` float32, through ``dspark.ops.confidence``."""
+        """``(logit, conf, survival)``, each ``(R, gamma)`` float32, through ``dspark.ops.confidence``
+        (``conf = sigmoid(logit / T_k + o_k)``: STS temperatures ``T``, ones when None; offsets ``o``, zeros when
+        None)."""
         gamma = hidden.shape[1]
         if sts_temperature is None:
             sts_temperature = torch.ones(gamma, dtype=torch.float32, device=hidden.device)
@@ -335,4 +341,5 @@ class ConfidenceHead(nn.Module):
             self.proj.weight.reshape(-1),
             self.proj.bias.reshape(()),
             sts_temperature.to(device=hidden.device, dtype=torch.float32),
+            None if sts_bias is None else sts_bias.to(device=hidden.device, dtype=torch.float32),
         )

@@ -8,9 +8,14 @@ from torch import Tensor
 
 
 def confidence(
-    hidden: Tensor, prev_emb: Tensor, weight: Tensor, bias: Tensor, sts_temperature: Tensor
+    hidden: Tensor,
+    prev_emb: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    sts_temperature: Tensor,
+    sts_bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Confidence ``c_k = sigmoid((w·[h_k; e_k] + b) / T_k)`` and survival ``a_k = prod_{i<=k} c_i``.
+    """Confidence ``c_k = sigmoid((w·[h_k; e_k] + b) / T_k + o_k)`` and survival ``a_k = prod_{i<=k} c_i``.
 
     ``e_k = W1[x_{k-1}]`` is the Markov embedding of the previous token (``x_0`` = the anchor), so ``c_k`` and
     ``a_k`` depend only on draws before ``x_k`` — admitting ``x_k`` by ``a_k`` never looks at ``x_k``.
@@ -27,6 +32,9 @@ def confidence(
         One float32 value (shape ``()`` or ``(1,)``).
     sts_temperature : Tensor
         Shape ``(gamma,)`` float32, > 0: per-position STS temperatures (ones when uncalibrated).
+    sts_bias : Tensor, optional
+        Shape ``(gamma,)`` float32: per-position offsets ``o_k`` of affine STS (zeros when None, which is
+        SGLang's temperature-only STS).
 
     Returns
     -------
@@ -43,10 +51,10 @@ def confidence(
     >>> surv.shape
     torch.Size([2, 4])
     """
-    return torch.ops.dspark.confidence.default(hidden, prev_emb, weight, bias, sts_temperature)
+    return torch.ops.dspark.confidence.default(hidden, prev_emb, weight, bias, sts_temperature, sts_bias)
 
 
 @torch.library.register_fake("dspark::confidence")
-def _confidence_fake(hidden, prev_emb, weight, bias, sts_temperature):
+def _confidence_fake(hidden, prev_emb, weight, bias, sts_temperature, sts_bias=None):
     shape = (hidden.shape[0], hidden.shape[1])
     return tuple(hidden.new_empty(shape, dtype=torch.float32) for _ in range(3))
