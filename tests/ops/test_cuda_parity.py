@@ -190,6 +190,21 @@ def test_confidence_variants():
     assert all(t.shape == (0, 4) and t.is_cuda for t in out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_confidence_sts_bias_close(dtype):
+    # affine STS offsets: same values as the CPU op; None equals zeros bit for bit on the device too
+    args = confidence_inputs(9, 7, H=576, r=16, dtype=dtype, seed=11)
+    offsets = torch.linspace(-1.5, 1.0, 7)
+    cpu = dspark.ops.confidence(*args, offsets)
+    gpu = dspark.ops.confidence(*_cuda(*args, offsets))
+    for c, gt in zip(cpu, gpu, strict=True):
+        torch.testing.assert_close(gt.cpu(), c, atol=1e-5, rtol=1e-5)
+    plain = dspark.ops.confidence(*_cuda(*args))
+    zero = dspark.ops.confidence(*_cuda(*args, torch.zeros(7)))
+    for a, b in zip(plain, zero, strict=True):
+        assert torch.equal(a, b)
+
+
 # --- opcheck, no host sync, CUDA graphs ------------------------------------------------------------------------
 
 
@@ -200,6 +215,8 @@ def test_opcheck_cuda():
     for dtype in (torch.float32, torch.bfloat16):
         args = _cuda(*confidence_inputs(3, 4, H=64, r=8, dtype=dtype))
         torch.library.opcheck(torch.ops.dspark.confidence.default, args)
+    offsets = torch.tensor([0.5, -0.5, 0.25, 0.0], device=CUDA)
+    torch.library.opcheck(torch.ops.dspark.confidence.default, (*args, offsets))
 
     surv, lagged = _cuda(survival_batch(5, 4, seed=1), survival_batch(5, 4, seed=2))
     tokens, rate = _cuda(*sps_table("decaying"))

@@ -168,6 +168,9 @@ class CalibrationReport:
             # expected accepted drafts per round: Σ_k S_k against the observed Σ_k label
             "expected_accepted_before": float(sum(self.before["mean_survival"])),
             "expected_accepted_after": float(sum(self.after["mean_survival"])),
+            "expected_accepted_heldout": (
+                None if self.heldout is None else float(sum(self.heldout["mean_survival"]))
+            ),
             "observed_accepted": float(sum(self.after["mean_label"])),
         }
 
