@@ -176,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         "--planner", default="early_stop", choices=["full", "threshold", "early_stop", "lagged_topk"]
     )
     g.add_argument("--sps", default=None, help="SGLang 1-D SPS JSON (target cost curve)")
-    g.add_argument("--sts", default=None, help="SGLang STS JSON (confidence temperatures)")
+    g.add_argument(
+        "--sts", default=None, help="STS JSON of the confidence head (dspark calibrate's or SGLang's)"
+    )
     g.add_argument("--block-size", type=int, default=None)
     g.add_argument("--no-speculation", action="store_true", help="plain decoding through the same engine")
     g.set_defaults(fn=_generate)

@@ -3,8 +3,9 @@
 
 Each lives in ``dspark/assets/drafters/<name>/``: a DeepSpec-layout checkpoint (``config.json`` +
 ``model.safetensors``, bf16, embedding and LM head not stored: they are aliased from the target), and optionally
-``sts.json`` (confidence temperatures fitted on sampling-acceptance labels at temperature 1, SGLang's format),
-``sts-greedy.json`` (the same fitted on greedy argmax-match labels, for temperature-0 decoding), ``costs.json``
+``sts.json`` (the confidence head's STS temperatures and offsets fitted on sampling-acceptance labels at
+temperature 1, SGLang's format plus ``biases``), ``sts-greedy.json`` (the same fitted on greedy argmax-match
+labels, for temperature-0 decoding), ``costs.json``
 (dspark's table of draft and verify cost by batch size on the machine kind it was profiled on) and ``sps.json``
 (SGLang's 1-D export of that table).
 """
