@@ -47,8 +47,11 @@ def test_bad_sts_files(tmp_path):
     with pytest.raises(ValueError, match="cannot read STS JSON"):
         _load_sts(tmp_path / "missing.json", 2)
     (tmp_path / "list.json").write_text("[1.0, 1.0]")
-    with pytest.raises(ValueError, match="must be an object"):
+    with pytest.raises(ValueError, match="list.json. must be an object"):
         _load_sts(tmp_path / "list.json", 2)
+    (tmp_path / "keys.json").write_text('{"temps": [1.0, 1.0]}')
+    with pytest.raises(ValueError, match="no 'temperatures' list .*keys.json"):
+        _load_sts(tmp_path / "keys.json", 2)
 
 
 def test_every_round_applies_the_loaded_temperatures_and_offsets():

@@ -144,17 +144,19 @@ def _load_sts(sts: Any, gamma: int) -> tuple[Tensor | None, Tensor | None]:
     ``biases`` (affine STS offsets, an extension of SGLang's format) is None when the file has none."""
     if sts is None:
         return None, None
+    where = ""
     if isinstance(sts, (str, Path)):
+        where = f" ({sts})"
         try:
             sts = json.loads(Path(sts).read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"sts: cannot read STS JSON {sts}: {e}") from e
+            raise ValueError(f"sts: cannot read STS JSON{where}: {e}") from e
         if not isinstance(sts, dict):
-            raise ValueError("sts: the STS JSON must be an object with a 'temperatures' list")
+            raise ValueError(f"sts: the STS JSON{where} must be an object with a 'temperatures' list")
     biases = None
     if isinstance(sts, dict):
         if "temperatures" not in sts:
-            raise ValueError("sts: no 'temperatures' list (SGLang's STS JSON expected)")
+            raise ValueError(f"sts: no 'temperatures' list{where} (SGLang's STS JSON expected)")
         if sts.get("biases") is not None:
             biases = _sts_vector(sts["biases"], gamma, "biases")
         sts = sts["temperatures"]
