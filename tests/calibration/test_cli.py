@@ -86,6 +86,17 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     assert sts3["sts"] == "temperature" and "biases" not in sts3 and "ece_heldout" not in sts3
     assert _load_sts(out3 / "sts.json", 3)[1] is None
 
+    # several saved collections are pooled, their requests kept apart
+    from dspark.calibration.cli import _load_pooled
+
+    saved = str(out / "calibration_data.pt")
+    pooled = _load_pooled([saved, saved])
+    assert pooled.num_samples == 2 * data.num_samples
+    assert set(pooled.request_ids.tolist()) == set(range(10))  # 0..4, then 5..9
+    out4 = tmp_path / "pooled"
+    assert cli.main(["calibrate", "--data", saved, saved, "--out", str(out4)]) == 0
+    assert json.loads((out4 / "sts.json").read_text())["num_samples"] == 2 * sts["num_samples"]
+
 
 def test_calibrate_greedy_label_and_missing_arguments(setup, tmp_path, capsys):
     drafter_dir, prompts = setup

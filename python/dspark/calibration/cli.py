@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dspark.calibration.data import CalibrationData
 
 
 def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +53,10 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
         "--save-data", action="store_true", help="also write the collected rows to calibration_data.pt"
     )
     c.add_argument(
-        "--data", default=None, help="fit from a saved calibration_data.pt / .npz instead of generating"
+        "--data",
+        nargs="+",
+        default=None,
+        help="fit from saved calibration_data.pt / .npz files instead of generating (several are pooled)",
     )
     c.set_defaults(fn=run_calibrate)
 
@@ -93,9 +100,23 @@ def _collect(args: argparse.Namespace):
         dec.close()
 
 
+def _load_pooled(paths: list[str]) -> CalibrationData:
+    """One :class:`CalibrationData` from saved collections; each file's request ids are shifted past the
+    previous files', so that the held-out folds never take requests of different collections for one."""
+    from dspark.calibration.data import CalibrationData
+
+    parts, shift = [], 0
+    for path in paths:
+        d = CalibrationData.load(path)
+        if shift:
+            d.request_ids = d.request_ids + shift
+        shift = int(d.request_ids.max()) + 1 if d.num_samples else shift
+        parts.append(d)
+    return parts[0] if len(parts) == 1 else CalibrationData.concatenate(parts)
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     """Run ``dspark calibrate`` with parsed arguments; returns the exit status."""
-    from dspark.calibration.data import CalibrationData
     from dspark.calibration.report import calibrate, write_calibration_outputs
 
     if args.data is None:
@@ -105,7 +126,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             return 2
         data = _collect(args)
     else:
-        data = CalibrationData.load(args.data)
+        data = _load_pooled(args.data)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.save_data:
