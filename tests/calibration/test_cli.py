@@ -98,6 +98,25 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     assert json.loads((out4 / "sts.json").read_text())["num_samples"] == 2 * sts["num_samples"]
 
 
+def test_prompts_longer_than_the_context_are_skipped_by_name(setup, tmp_path, capsys):
+    drafter_dir, _ = setup
+    target, _ = cli.load_target("tiny")
+    target.config.max_position_embeddings = 64  # room: 64 - 40 new tokens - gamma 3 - 1 = 20 prompt tokens
+    prompts = tmp_path / "mixed.jsonl"
+    rows = ["hi", "a much longer question that fills the byte tokenizer's 24 positions", "ok"]
+    prompts.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in rows))
+    argv = ["calibrate", "--target", "tiny", "--drafter", str(drafter_dir), "--prompts", str(prompts)]
+    argv += ["--max-new-tokens", "40", "--out", str(tmp_path / "o"), "--save-data", "--folds", "0"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "skipping 1 prompt(s)" in err and "rows [1]" in err
+    data = CalibrationData.load(tmp_path / "o" / "calibration_data.pt")
+    assert set(data.request_ids.tolist()) == {0, 1}  # the two short prompts
+    target.config.max_position_embeddings = 20
+    with pytest.raises(ValueError, match="no prompt .* fits the target's context"):
+        cli.main(argv)
+
+
 def test_calibrate_greedy_label_and_missing_arguments(setup, tmp_path, capsys):
     drafter_dir, prompts = setup
     out = tmp_path / "g"

@@ -61,6 +61,27 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(fn=run_calibrate)
 
 
+def _fitting_prompts(dec, texts: list[str], args: argparse.Namespace) -> list[str]:
+    """The prompts whose chat tokens plus ``--max-new-tokens`` fit the target's context (a note names the rest)."""
+    from dspark.decoding.decoder import chat_token_ids
+
+    if not dec.max_positions:
+        return texts
+    room = dec.max_positions - args.max_new_tokens - dec.gamma - 1
+    keep = [len(chat_token_ids(dec.tokenizer, t)) <= room for t in texts]
+    dropped = [args.skip + i for i, k in enumerate(keep) if not k]
+    if dropped:
+        print(
+            f"note: skipping {len(dropped)} prompt(s) longer than the target's context allows with "
+            f"--max-new-tokens {args.max_new_tokens} ({dec.max_positions} positions): rows {dropped}",
+            file=sys.stderr,
+        )
+    out = [t for t, k in zip(texts, keep, strict=True) if k]
+    if not out:
+        raise ValueError(f"--prompts: no prompt in {args.prompts} fits the target's context")
+    return out
+
+
 def _collect(args: argparse.Namespace):
     from dspark import DSparkDecoder, DSparkDrafter
     from dspark import cli as dspark_cli
@@ -81,14 +102,15 @@ def _collect(args: argparse.Namespace):
         max_batch_size=args.batch_size,
     )
     try:
+        texts = _fitting_prompts(dec, [p.text for p in prompts], args)
         print(
-            f"collecting on {len(prompts)} prompts (gamma {dec.gamma}, temperature {args.temperature}, "
+            f"collecting on {len(texts)} prompts (gamma {dec.gamma}, temperature {args.temperature}, "
             f"max {args.max_new_tokens} new tokens)",
             file=sys.stderr,
         )
         return collect_calibration_data(
             dec,
-            [p.text for p in prompts],
+            texts,
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             label=args.label,
