@@ -61,14 +61,16 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(fn=run_calibrate)
 
 
-def _fitting_prompts(dec, texts: list[str], args: argparse.Namespace) -> list[str]:
-    """The prompts whose chat tokens plus ``--max-new-tokens`` fit the target's context (a note names the rest)."""
+def _fitting_prompts(dec, texts: list[str], args: argparse.Namespace) -> list[list[int]]:
+    """Chat token ids of the prompts that fit the target's context with ``--max-new-tokens`` (a note names the
+    rest); tokenised once here, the decoder takes the ids as they are."""
     from dspark.decoding.decoder import chat_token_ids
 
+    ids = [chat_token_ids(dec.tokenizer, t) for t in texts]
     if not dec.max_positions:
-        return texts
+        return ids
     room = dec.max_positions - args.max_new_tokens - dec.gamma - 1
-    keep = [len(chat_token_ids(dec.tokenizer, t)) <= room for t in texts]
+    keep = [len(p) <= room for p in ids]
     dropped = [args.skip + i for i, k in enumerate(keep) if not k]
     if dropped:
         print(
@@ -76,7 +78,7 @@ def _fitting_prompts(dec, texts: list[str], args: argparse.Namespace) -> list[st
             f"--max-new-tokens {args.max_new_tokens} ({dec.max_positions} positions): rows {dropped}",
             file=sys.stderr,
         )
-    out = [t for t, k in zip(texts, keep, strict=True) if k]
+    out = [p for p, k in zip(ids, keep, strict=True) if k]
     if not out:
         raise ValueError(f"--prompts: no prompt in {args.prompts} fits the target's context")
     return out
@@ -102,15 +104,15 @@ def _collect(args: argparse.Namespace):
         max_batch_size=args.batch_size,
     )
     try:
-        texts = _fitting_prompts(dec, [p.text for p in prompts], args)
+        prompt_ids = _fitting_prompts(dec, [p.text for p in prompts], args)
         print(
-            f"collecting on {len(texts)} prompts (gamma {dec.gamma}, temperature {args.temperature}, "
+            f"collecting on {len(prompt_ids)} prompts (gamma {dec.gamma}, temperature {args.temperature}, "
             f"max {args.max_new_tokens} new tokens)",
             file=sys.stderr,
         )
         return collect_calibration_data(
             dec,
-            texts,
+            prompt_ids,
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             label=args.label,
@@ -130,9 +132,9 @@ def _load_pooled(paths: list[str]) -> CalibrationData:
     parts, shift = [], 0
     for path in paths:
         d = CalibrationData.load(path)
-        if shift:
-            d.request_ids = d.request_ids + shift
-        shift = int(d.request_ids.max()) + 1 if d.num_samples else shift
+        d.request_ids = d.request_ids + shift
+        if d.num_samples:
+            shift = int(d.request_ids.max()) + 1
         parts.append(d)
     return parts[0] if len(parts) == 1 else CalibrationData.concatenate(parts)
 

@@ -84,8 +84,7 @@ def cumulative_survival(
 
 
 def _ece(pred: np.ndarray, label: np.ndarray, n_bins: int) -> float:
-    gap = np.bincount(_bin_index(pred, n_bins), weights=pred - label, minlength=n_bins)
-    return float(np.abs(gap).sum() / pred.size)
+    return float(_ece_rows(pred[None, :], label, n_bins)[0])
 
 
 def _ece_rows(pred: np.ndarray, label: np.ndarray, n_bins: int) -> np.ndarray:
