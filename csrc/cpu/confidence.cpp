@@ -41,9 +41,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> confidence_cpu(
     TORCH_CHECK_VALUE(std::isfinite(tp[k]) && tp[k] > 0.f, "dspark::confidence: sts_temperature[", k,
                       "] must be finite and > 0, got ", tp[k]);
   }
-  const auto o = sts_bias.has_value() ? sts_bias->contiguous() : at::zeros({G}, t.options());
-  const float* offp = o.data_ptr<float>();
-  for (int64_t k = 0; k < G; ++k) {
+  // no offsets: a null pointer and 0.f, no per-call zeros tensor
+  const at::Tensor o = sts_bias.has_value() ? sts_bias->contiguous() : at::Tensor();
+  const float* offp = o.defined() ? o.data_ptr<float>() : nullptr;
+  for (int64_t k = 0; offp != nullptr && k < G; ++k) {
     TORCH_CHECK_VALUE(std::isfinite(offp[k]), "dspark::confidence: sts_bias[", k, "] must be finite, got ",
                       offp[k]);
   }
@@ -63,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> confidence_cpu(
           const int64_t rk = row * G + k;
           const float z = dot_f32(hp + rk * H, wp, H) + dot_f32(ep + rk * r, wp + H, r) + b;
           lp[rk] = z;
-          cp[rk] = sts_sigmoid(z, tp[k], offp[k]);
+          cp[rk] = sts_sigmoid(z, tp[k], offp == nullptr ? 0.f : offp[k]);
         }
         survival_row(cp + row * G, sp + row * G, static_cast<int>(G));
       }
