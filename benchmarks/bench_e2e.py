@@ -275,6 +275,7 @@ def run_dspark(
     repeats: int = 1,
     warmup: bool = True,
     speculative: bool = True,
+    linear_max_rows: int | None = None,
 ) -> Run:
     """``DSparkDecoder.generate`` on all prompts, ``batch`` requests at a time (finished ones are replaced).
 
@@ -290,6 +291,7 @@ def run_dspark(
         block_size=block_size,
         max_batch_size=batch,
         tokenizer=tokenizer,
+        linear_max_rows=linear_max_rows,
     )
     try:
         # explicit sampling settings: the target's generation config must not add top-k / top-p / penalties
@@ -592,6 +594,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--block-size", type=int, default=None, help="drafts per round (default: the drafter's)")
     ap.add_argument(
+        "--linear-max-rows",
+        type=int,
+        default=None,
+        help="the engine's few-row fp32 CPU linears (TargetAdapter linear_max_rows; default: its own; 0: off)",
+    )
+    ap.add_argument(
         "--plain",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -697,7 +705,8 @@ def main(argv: list[str] | None = None) -> int:
 
     setup = (
         f"{args.target} ({args.dtype}, {args.device}, {torch.get_num_threads()} threads), drafter {drafter_name} ({drafter.dtype}), "
-        f"SPS {sps or 'none'}, STS {sts or 'none'}"
+        f"SPS {sps or 'none'}, STS {sts or 'none'}, few-row linears "
+        f"{'default' if args.linear_max_rows is None else f'up to {args.linear_max_rows} rows'}"
     )
     eos_rule = "EOS ignored" if args.ignore_eos else "EOS stops"
     common = {
@@ -739,7 +748,15 @@ def main(argv: list[str] | None = None) -> int:
                             ),
                         )
                     # the same target, batch size and sampling settings for every DSpark-engine row
-                    engine = functools.partial(run_dspark, target, tok, batch=b, temperature=temp, **common)
+                    engine = functools.partial(
+                        run_dspark,
+                        target,
+                        tok,
+                        batch=b,
+                        temperature=temp,
+                        linear_max_rows=args.linear_max_rows,
+                        **common,
+                    )
                     if args.plain:
                         _add(
                             runs,

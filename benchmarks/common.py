@@ -76,7 +76,9 @@ def time_fn(fn: Callable[[], object], device: str, min_run_time: float) -> Timin
             samples.append(start.elapsed_time(end) * 1e3 / 10)
         q = statistics.quantiles(samples, n=4)
         return Timing(statistics.median(samples), q[2] - q[0], len(samples))
-    m = tbench.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
+    # Timer runs single-threaded unless told otherwise: time with the threads the run was given (--threads)
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    m = timer.blocked_autorange(min_run_time=min_run_time)
     return Timing(m.median * 1e6, m.iqr * 1e6, len(m.times))
 
 

@@ -78,3 +78,28 @@ def test_every_round_applies_the_loaded_temperatures_and_offsets():
         want = torch.sigmoid(out.conf_logit / torch.tensor(t) + torch.tensor(b))
         torch.testing.assert_close(out.conf, want)
         assert torch.equal(out.survival, torch.cumprod(out.conf, dim=1))
+
+
+def test_a_shorter_gamma_drafts_only_its_slots_with_the_first_sts_entries():
+    target = tiny_target("llama", seed=4)
+    drafter = random_drafter(target, block_size=4)
+    seen = []
+    draft = drafter.draft
+
+    def spy(*args, **kwargs):
+        out = draft(*args, **kwargs)
+        seen.append((args[5], out))
+        return out
+
+    drafter.draft = spy
+    sts = {"temperatures": [0.5, 2.0, 1.0, 3.0], "biases": [0.1, 0.2, 0.3, 0.4]}
+    dec = DSparkDecoder(target, drafter, planner="full", block_size=2, sts=sts)
+    try:
+        plain = dec.generate([[5, 6, 7]], max_new_tokens=8, speculative=False).sequences
+        spec = dec.generate([[5, 6, 7]], max_new_tokens=8).sequences
+    finally:
+        dec.close()
+    assert spec == plain  # greedy: the target's own tokens
+    assert seen
+    for t_in, out in seen:
+        assert t_in.tolist() == [0.5, 2.0] and out.tokens.shape[1] == 2 and out.survival.shape[1] == 2

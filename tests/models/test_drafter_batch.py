@@ -97,3 +97,33 @@ def test_sample_without_markov_matches_the_torch_sampler(dtype, temperature):
     assert torch.equal(got.tokens, want.tokens)
     assert torch.equal(got.logits, want.logits)
     assert got.prev_emb.shape == (R, G, 0) and got.prev_emb.dtype == dtype
+
+
+@pytest.mark.parametrize("head_type", ["vanilla", "rnn"])
+def test_fewer_positions_equal_the_first_slots_of_a_full_draft(tmp_path, head_type):
+    d = _drafter(tmp_path, head_type)
+    gen = torch.Generator().manual_seed(1)
+    ids = [2, 7]
+    d.append_context(ids, [torch.randn(6, 96, generator=gen), torch.randn(3, 96, generator=gen)])
+    anchors = torch.tensor([5, 11])
+    temp = torch.tensor([0.0, 1.0])
+    sts_t, sts_b = torch.tensor([1.0, 0.7, 1.3, 0.9, 1.1]), torch.tensor([0.2, -0.1, 0.0, 0.3, -0.2])
+    full = d.draft(ids, anchors, temp, seed=3, offset=4, sts_temperature=sts_t, sts_bias=sts_b)
+    for g in (1, 3):
+        part = d.draft(
+            ids,
+            anchors,
+            temp,
+            seed=3,
+            offset=4,
+            sts_temperature=sts_t[:g],
+            sts_bias=sts_b[:g],
+            num_positions=g,
+        )
+        assert part.tokens.shape == (2, g) and part.draft_logits.shape[:2] == (2, g)
+        assert torch.equal(part.tokens, full.tokens[:, :g])  # the noise is keyed by position, not by γ
+        for name in ("hidden", "draft_logits", "prev_emb", "conf_logit", "survival"):
+            torch.testing.assert_close(getattr(part, name), getattr(full, name)[:, :g], **TOL)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="num_positions"):
+            d.draft(ids, anchors, temp, num_positions=bad)

@@ -196,6 +196,9 @@ class DSparkDecoder:
     round_observer : callable or None
         Called with a :class:`RoundRecord` after every speculative round (calibration data collection); may be
         set or cleared later through the attribute of the same name.
+    linear_max_rows : int or None
+        Few-row fp32 linears on CPU compute ``(W · xᵀ)ᵀ`` (faster with MKL; see
+        :class:`dspark.models.target.TargetAdapter`). ``None``: the adapter's default; ``0``: off.
     """
 
     def __init__(
@@ -213,6 +216,7 @@ class DSparkDecoder:
         lag: int = 1,
         max_kv_pages: int | None = None,
         round_observer: Callable[[RoundRecord], None] | None = None,
+        linear_max_rows: int | None = None,
     ) -> None:
         validate_pairing(drafter.config, target, tokenizer=tokenizer)
         gamma = drafter.config.block_size if block_size is None else int(block_size)
@@ -230,7 +234,9 @@ class DSparkDecoder:
         self.planner = (
             planner if isinstance(planner, Planner) else Planner(planner, sps_table, threshold, lag)
         )
-        self.adapter = TargetAdapter(target, page_size=page_size, max_pages=max_kv_pages)
+        self.adapter = TargetAdapter(
+            target, page_size=page_size, max_pages=max_kv_pages, linear_max_rows=linear_max_rows
+        )
         sts_t, sts_b = _load_sts(sts, max(gamma, 1))  # on the device once, not copied every round
         self.sts = None if sts_t is None else sts_t.to(self.adapter.device)
         self.sts_bias = None if sts_b is None else sts_b.to(self.adapter.device)
@@ -587,6 +593,7 @@ class DSparkDecoder:
                 self._offset,
                 self.sts,
                 sts_bias=self.sts_bias,
+                num_positions=g,  # a shorter γ than the drafter's block skips the unused slots' sampling
             )
             self._offset += 1
             V = self.drafter.config.vocab_size

@@ -15,8 +15,10 @@ from torch import Tensor, nn
 
 from dspark.host_sync import to_device
 from dspark.models import checkpoint as ckpt
+from dspark.models import cpu_linear
 from dspark.models.config import DrafterConfig, dtype_from_name
 from dspark.models.context import RequestContext
+from dspark.models.cpu_linear import weight_stationary_linears
 from dspark.models.heads import MARKOV_HEADS, ConfidenceHead, MarkovSample, sample_without_markov
 from dspark.models.layers import DraftLayer, RMSNorm, Rotary
 from dspark.models.pairing import (
@@ -30,7 +32,7 @@ from dspark.models.pairing import (
 
 @dataclasses.dataclass
 class DraftOutput:
-    """One draft round for R requests (γ = block size, V vocab, r Markov rank, H hidden).
+    """One draft round for R requests (γ = drafted slots, the block size unless fewer were asked for).
 
     tokens ``(R, γ)`` int64; draft_logits ``(R, γ, V)`` float32 (Markov-corrected ``z``; ``q = softmax(z/T)``);
     prev_emb ``(R, γ, r)`` (``W1[x_{k-1}]``, r = 0 without a Markov head); hidden ``(R, γ, H)`` final-normed;
@@ -521,6 +523,7 @@ class DSparkDrafter(nn.Module):
         sts_bias: Tensor | None = None,
         start_positions: Sequence[int] | None = None,
         return_base_logits: bool = False,
+        num_positions: int | None = None,
     ) -> DraftOutput:
         """One draft round for R requests: backbone, Markov sampling, confidence.
 
@@ -542,6 +545,11 @@ class DSparkDrafter(nn.Module):
             Anchor positions; default each request's :meth:`next_position`.
         return_base_logits : bool
             Also return ``U`` (the logits before the Markov bias).
+        num_positions : int, optional
+            Draft only the first ``g`` slots (default: all γ). The backbone still runs the whole block, and the
+            sampling noise is keyed by position, so the result equals the first ``g`` slots of a full draft; the
+            LM head, Markov sampling and confidence skip the rest. Outputs are ``(R, g, ...)`` and the STS
+            vectors have ``g`` entries.
         """
         ids_t = torch.as_tensor(
             request_ids.tolist() if isinstance(request_ids, Tensor) else list(request_ids), dtype=torch.int64
@@ -550,6 +558,9 @@ class DSparkDrafter(nn.Module):
         R = len(ids)
         if len(set(ids)) != R:
             raise ValueError(f"request_ids: must be distinct, got {ids}")
+        g = self.config.block_size if num_positions is None else int(num_positions)
+        if not 1 <= g <= self.config.block_size:
+            raise ValueError(f"num_positions: must be in [1, {self.config.block_size}], got {num_positions}")
         if anchors.shape != (R,):
             raise ValueError(f"anchors: expected shape ({R},), got {tuple(anchors.shape)}")
         # the decoder passes host anchors, so this check costs no device read
@@ -569,8 +580,11 @@ class DSparkDrafter(nn.Module):
             if ctx is not None:
                 ctx.reserve(ctx.length + self.config.block_size)
         anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
-        hidden = self.backbone(anchors, ctxs, starts)
-        U = F.linear(hidden, self.lm_head_weight)  # [R, γ, V]
+        with weight_stationary_linears(self):  # fp32 on CPU: few rows (γ per request) go faster transposed
+            hidden = self.backbone(anchors, ctxs, starts)
+            if g < hidden.shape[1]:
+                hidden = hidden[:, :g].contiguous()
+            U = cpu_linear.linear(hidden, self.lm_head_weight)  # [R, g, V]
         ids_dev = to_device(ids_t, self.device)
         t_markov = time.perf_counter()
         if self.markov_head is not None:

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Few-row fp32 linear layers on CPU: the weight-stationary GEMM orientation (see docs/target-adapter.md).
+
+A decode or verify step multiplies a handful of rows ``x [M, K]`` (M = 1 for plain decoding, 2–8 for a
+speculative verify) by every weight ``W [N, K]`` of the model. ``F.linear`` computes ``x · Wᵀ``; with MKL's
+fp32 GEMM on x86 that orientation is slow for few rows (all the weights of SmolLM2-135M once, 2 threads of a
+Xeon: 46 ms at M = 1, 75–94 ms at M = 2–3, on one thread whatever the thread count), while the transposed
+product ``W · xᵀ`` (the weight as the left operand, read in its stored row-major order) takes 21–28 ms. So for few
+rows :func:`linear` computes ``(W · xᵀ)ᵀ``; a single row is doubled first (M = 1 would otherwise be a GEMV,
+which is the slow 46 ms case). The products are the same dot products summed in another order: results agree
+with ``F.linear`` to float rounding, not bit for bit.
+
+:func:`weight_stationary_linears` applies it to every ``nn.Linear`` of a module for the duration of a ``with``
+block (the target adapter wraps each forward in it), and restores the modules afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import types
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def default_max_rows() -> int:
+    """Rows up to which the weight-stationary product is used: 0 where it does not pay.
+
+    Measured (benchmarks/bench_cpu_linear.py, docs/benchmarks.md) on an x86 CPU with MKL: with one thread it is
+    1.3–2.3× faster at M ≤ 4 and no faster beyond; with two threads 1.5–3.5× at M ≤ 8 and 1.0–1.3× up to 64
+    (MKL runs ``x · Wᵀ`` on one thread at few rows). Elsewhere (another BLAS, another architecture) it is not
+    used unless asked for.
+    """
+    if not torch.backends.mkl.is_available() or platform.machine().lower() not in ("x86_64", "amd64"):
+        return 0
+    return 4 if torch.get_num_threads() < 2 else 64
+
+
+def applies(x: Tensor, weight: Tensor, max_rows: int) -> bool:
+    """Whether :func:`linear` takes the weight-stationary path for this input (CPU, fp32, no autograd)."""
+    if max_rows <= 0 or x.device.type != "cpu" or weight.device.type != "cpu":
+        return False
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.dim() != 2:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
+    return 1 <= rows <= max_rows and x.shape[-1] == weight.shape[1]
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, max_rows: int | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``, as ``(W · xᵀ)ᵀ`` when x has few rows (CPU fp32; see the module doc).
+
+    Parameters
+    ----------
+    x : Tensor
+        ``(..., K)``.
+    weight : Tensor
+        ``(N, K)``.
+    bias : Tensor, optional
+        ``(N,)``.
+    max_rows : int, optional
+        Largest row count ``prod(x.shape[:-1])`` that takes the weight-stationary path; default
+        :func:`default_max_rows`. 0 always calls ``F.linear``.
+
+    Returns
+    -------
+    Tensor
+        ``(..., N)``, contiguous.
+    """
+    limit = default_max_rows() if max_rows is None else max_rows
+    if not applies(x, weight, limit):
+        return F.linear(x, weight, bias)
+    K = x.shape[-1]
+    rows = x.reshape(-1, K)
+    if rows.shape[0] == 1:  # a GEMV is the slow case: compute two identical columns, keep one
+        y = torch.mm(weight, torch.cat([rows, rows]).t())[:, :1]
+    else:
+        y = torch.mm(weight, rows.t())
+    y = y.t().contiguous()
+    if bias is not None:
+        y += bias
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def _forward(self: nn.Linear, x: Tensor, max_rows: int) -> Tensor:
+    return linear(x, self.weight, self.bias, max_rows)
+
+
+@contextlib.contextmanager
+def weight_stationary_linears(module: nn.Module, max_rows: int | None = None) -> Iterator[int]:
+    """Route every plain ``nn.Linear`` of ``module`` through :func:`linear` inside the block.
+
+    Only modules of exact type ``nn.Linear`` whose ``forward`` is the class's own are changed (a subclass, e.g. a
+    quantised linear, or a module another library has hooked by replacing ``forward``, is left alone). The
+    instance attribute set here is removed on exit, also when the block raises. Yields the row limit in use
+    (0: nothing was changed).
+    """
+    limit = default_max_rows() if max_rows is None else int(max_rows)
+    patched: list[nn.Linear] = []
+    if limit > 0:
+        for m in module.modules():
+            if type(m) is nn.Linear and "forward" not in m.__dict__:
+                m.forward = types.MethodType(lambda self, x, _n=limit: _forward(self, x, _n), m)
+                patched.append(m)
+    try:
+        yield limit
+    finally:
+        for m in patched:
+            m.__dict__.pop("forward", None)
