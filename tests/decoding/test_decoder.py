@@ -228,3 +228,46 @@ def test_host_reads_per_round(mode, markov_rank, speculative, per_round):
     assert out.sequences == want
     rounds = out.stats.rounds
     assert rounds > 0 and dec.host.syncs == 1 + per_round * rounds  # + 1: the prefill's first tokens
+
+
+@pytest.mark.parametrize("mode", ["early_stop", "lagged_topk", "full"])
+def test_adaptive_slots_draft_one_past_the_last_plan(mode):
+    target = tiny_target("llama", seed=5)
+    drafter = random_drafter(target)
+    gamma = drafter.config.block_size
+    drafted, plans = [], []
+    draft, plan = drafter.draft, None
+
+    def spy(*args, **kwargs):
+        out = draft(*args, **kwargs)
+        drafted.append(out.tokens.shape[1])
+        return out
+
+    drafter.draft = spy
+    prompts = prompts_of([3, 17, 5, 9], 96, seed=5)
+    outs = {}
+    for adaptive in (True, False):
+        dec = DSparkDecoder(
+            target, drafter, planner=mode, sps_table=SPS, max_batch_size=2, adaptive_slots=adaptive
+        )
+        plan = dec.planner.plan
+
+        def plan_spy(survival, ids=None, plan=plan):
+            p = plan(survival, ids)
+            plans.append(int(p.verify_len.max()))
+            return p
+
+        dec.planner.plan = plan_spy
+        drafted.clear(), plans.clear()
+        try:
+            outs[adaptive] = dec.generate(prompts, max_new_tokens=10, eos_token_id=[]).sequences
+        finally:
+            dec.close()
+        assert len(drafted) == len(plans) > 1
+        if adaptive and mode != "full":
+            # first round: γ slots; then one past the most drafts the previous plan verified
+            assert drafted == [gamma] + [min(gamma, v) for v in plans[:-1]]
+            assert min(drafted) < gamma  # this cost curve makes the planner verify fewer than γ
+        else:
+            assert drafted == [gamma] * len(drafted)
+    assert outs[True] == outs[False] == [hf_greedy(target, p, 10) for p in prompts]

@@ -106,3 +106,17 @@ def test_bad_planner_arguments():
         Planner("lagged_topk", TABLE, lag=0)
     with pytest.raises(ValueError, match="request_ids"):
         Planner("early_stop", TABLE).plan(torch.ones(2, 3), request_ids=[1])
+
+
+def test_lagged_survival_across_rounds_of_different_widths():
+    planner = Planner("lagged_topk", SpsTable((1, 2, 4, 8), (100.0, 95.0, 80.0, 60.0), 64))
+    old = torch.tensor([[0.9, 0.5, 0.2], [0.8, 0.4, 0.1]])
+    planner.plan(old, [7, 3])
+    wide = torch.full((2, 5), 0.5)
+    lagged = planner._lagged((3, 9), wide)
+    # request 3 was the second row: its 3 slots, then its last value (confidence 1); request 9 is new
+    torch.testing.assert_close(lagged, torch.tensor([[0.8, 0.4, 0.1, 0.1, 0.1], [1.0, 1.0, 1.0, 1.0, 1.0]]))
+    planner.plan(wide, [3, 9])
+    narrow = torch.full((2, 2), 0.5)
+    torch.testing.assert_close(planner._lagged((9, 3), narrow), torch.full((2, 2), 0.5))
+    planner.plan(narrow, [9, 3])  # a plan over the narrower width runs

@@ -199,6 +199,12 @@ class DSparkDecoder:
     linear_max_rows : int or None
         Few-row fp32 linears on CPU compute ``(W · xᵀ)ᵀ`` (faster with MKL; see
         :class:`dspark.models.target.TargetAdapter`). ``None``: the adapter's default; ``0``: off.
+    adaptive_slots : bool
+        With a cost-driven plan (a confidence head and a planner mode other than ``full``), draft only as many
+        slots as the previous round's plan used plus one: ``min(γ, max verify length)`` of that round (all γ in
+        a generate call's first round). A plan that used every drafted slot widens the next round by one. The
+        drafts of the first slots do not depend on how many are drafted, so this changes cost, not output
+        distribution. Default on; False always drafts γ slots.
     """
 
     def __init__(
@@ -217,6 +223,7 @@ class DSparkDecoder:
         max_kv_pages: int | None = None,
         round_observer: Callable[[RoundRecord], None] | None = None,
         linear_max_rows: int | None = None,
+        adaptive_slots: bool = True,
     ) -> None:
         validate_pairing(drafter.config, target, tokenizer=tokenizer)
         gamma = drafter.config.block_size if block_size is None else int(block_size)
@@ -248,6 +255,8 @@ class DSparkDecoder:
             )
         self.stats = DSparkStats(gamma=gamma)
         self._offset = 0
+        self.adaptive_slots = bool(adaptive_slots)
+        self._slots = gamma  # slots the next round drafts when adaptive_slots applies
         self.max_positions = getattr(target.config, "max_position_embeddings", None)
         self.round_observer = round_observer
         self.host = HostReader()  # every device -> host read of a round goes through it (counted)
@@ -434,6 +443,7 @@ class DSparkDecoder:
         t_start = time.perf_counter()
         self.planner.reset()
         self._offset = 0
+        self._slots = self.gamma
         try:
             while waiting or active:
                 while waiting and len(active) < self.max_batch_size:
@@ -585,14 +595,20 @@ class DSparkDecoder:
         q_finite = None
         t0 = time.perf_counter()
         if speculative:
+            adaptive = (
+                self.adaptive_slots
+                and self.drafter.confidence_head is not None
+                and self.planner.effective_mode != "full"
+            )
+            g = self._slots if adaptive else g
             d = self.drafter.draft(
                 [r.rid for r in rs],
                 anchors,
                 cfg["temperature"],
                 seed,
                 self._offset,
-                self.sts,
-                sts_bias=self.sts_bias,
+                None if self.sts is None else self.sts[:g],
+                sts_bias=None if self.sts_bias is None else self.sts_bias[:g],
                 num_positions=g,  # a shorter γ than the drafter's block skips the unused slots' sampling
             )
             self._offset += 1
@@ -615,6 +631,8 @@ class DSparkDecoder:
                 else:
                     verify_len, budget_t = self.host.fetch(plan.verify_len, plan.budget)
                     budget = int(budget_t)
+                    if adaptive:  # next round: one slot past the most this plan verified, at most γ
+                        self._slots = min(self.gamma, int(verify_len.max()))
             else:  # no confidence head (DFlash): nothing to plan with
                 verify_len, budget = full, R * g
             t0 = time.perf_counter()

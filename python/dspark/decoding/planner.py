@@ -239,16 +239,23 @@ class Planner:
         return self._tensors[key]
 
     def _lagged(self, request_ids: tuple[int, ...], survival: Tensor) -> Tensor:
-        """Survival of each current request from ``lag`` rounds ago; 1.0 (optimistic) where unknown."""
+        """Survival of each current request from ``lag`` rounds ago; 1.0 (optimistic) where unknown.
+
+        Rounds may draft different numbers of slots (the decoder's ``adaptive_slots``): the slots both rounds
+        have are copied, and later slots keep the last copied value (confidence 1: optimistic, and the row stays
+        a non-increasing cumulative product).
+        """
         lagged = torch.ones_like(survival)
         if len(self._history) == self.lag:
             old_ids, old = self._history[0]
-            if old.shape[1] == survival.shape[1]:
-                pos = {rid: i for i, rid in enumerate(old_ids)}
-                dst = [i for i, rid in enumerate(request_ids) if rid in pos]
-                if dst:
-                    src = to_device([pos[request_ids[i]] for i in dst], survival.device, torch.int64)
-                    lagged[to_device(dst, survival.device, torch.int64)] = old.index_select(0, src)
+            w = min(old.shape[1], survival.shape[1])
+            pos = {rid: i for i, rid in enumerate(old_ids)}
+            dst = [i for i, rid in enumerate(request_ids) if rid in pos]
+            if dst and w > 0:
+                src = to_device([pos[request_ids[i]] for i in dst], survival.device, torch.int64)
+                rows = old.index_select(0, src)[:, :w]
+                fill = rows[:, -1:].expand(-1, survival.shape[1] - w)
+                lagged[to_device(dst, survival.device, torch.int64)] = torch.cat([rows, fill], 1)
         return lagged
 
     def plan(self, survival: Tensor, request_ids: Sequence[int] | None = None) -> PlanResult:
