@@ -49,6 +49,10 @@ def test_autograd_inputs_take_the_standard_path():
     assert not applies(x, w, 8)
     linear(x, w, max_rows=8).sum().backward()
     torch.testing.assert_close(w.grad, x.sum(0).expand(16, 8))
+    b = torch.zeros(16, requires_grad=True)
+    assert not applies(x, w.detach(), 8, b) and applies(x, w.detach(), 8)
+    linear(x, w.detach(), b, max_rows=8).sum().backward()
+    torch.testing.assert_close(b.grad, torch.full((16,), 2.0))
 
 
 def test_default_limit_follows_threads_and_platform(monkeypatch):
@@ -84,7 +88,8 @@ def test_patches_plain_linears_only_and_restores_them():
         assert limit == 0 and "forward" not in model[0].__dict__
 
 
-def test_patched_module_computes_the_same(monkeypatch):
+def _spy_on_linear(monkeypatch) -> list[bool]:
+    """Record, for every call of ``cpu_linear.linear``, whether it took the weight-stationary path."""
     calls = []
     real = cpu_linear.linear
 
@@ -93,6 +98,11 @@ def test_patched_module_computes_the_same(monkeypatch):
         return real(x, w, b, max_rows)
 
     monkeypatch.setattr(cpu_linear, "linear", spy)
+    return calls
+
+
+def test_patched_module_computes_the_same(monkeypatch):
+    calls = _spy_on_linear(monkeypatch)
     lin = nn.Linear(32, 40)
     x = torch.randn(3, 32)
     with torch.no_grad():
@@ -104,14 +114,7 @@ def test_patched_module_computes_the_same(monkeypatch):
 
 
 def test_adapter_forward_uses_it_and_agrees_with_the_standard_path(monkeypatch):
-    calls = []
-    real = cpu_linear.linear
-
-    def spy(x, w, b=None, max_rows=None):
-        calls.append(applies(x, w, max_rows))
-        return real(x, w, b, max_rows)
-
-    monkeypatch.setattr(cpu_linear, "linear", spy)
+    calls = _spy_on_linear(monkeypatch)
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 97, (12,), generator=g).tolist()
     block = torch.randint(0, 97, (4,), generator=g).tolist()

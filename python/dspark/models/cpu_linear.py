@@ -39,13 +39,14 @@ def default_max_rows() -> int:
     return 4 if torch.get_num_threads() < 2 else 64
 
 
-def applies(x: Tensor, weight: Tensor, max_rows: int) -> bool:
+def applies(x: Tensor, weight: Tensor, max_rows: int, bias: Tensor | None = None) -> bool:
     """Whether :func:`linear` takes the weight-stationary path for this input (CPU, fp32, no autograd)."""
     if max_rows <= 0 or x.device.type != "cpu" or weight.device.type != "cpu":
         return False
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.dim() != 2:
         return False
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+    grads = (x, weight) if bias is None else (x, weight, bias)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in grads):
         return False
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
     return 1 <= rows <= max_rows and x.shape[-1] == weight.shape[1]
@@ -72,7 +73,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, max_rows: int 
         ``(..., N)``, contiguous.
     """
     limit = default_max_rows() if max_rows is None else max_rows
-    if not applies(x, weight, limit):
+    if not applies(x, weight, limit, bias):
         return F.linear(x, weight, bias)
     K = x.shape[-1]
     rows = x.reshape(-1, K)
