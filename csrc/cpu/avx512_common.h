@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// AVX-512 building blocks shared by the CPU sampling ops (markov_sample, rejection_sample): loads with exact
-// conversions, exp_exact / log_exact / Philox Gumbel noise on 16 lanes, fixed-order lane sums and a running
-// argmax. Every lane performs the operations of the scalar code in include/dspark (same products, sums,
-// divisions and fmas, each correctly rounded, and the TUs' -ffp-contract=off keeps mul and add apart), so the
-// values are bit-identical to the scalar path and to the CUDA kernels. Only compiled into functions with the
-// target attribute; callers check the CPU first (avx512::enabled()).
+// AVX-512 building blocks shared by the CPU sampling ops (markov_sample, rejection_sample;
+// paged_verify_attention uses exp16 and tail_mask too): loads with exact conversions, exp_exact / log_exact /
+// Philox Gumbel noise on 16 lanes, fixed-order lane sums and a running argmax. Every lane performs the
+// operations of the scalar code in include/dspark (same products, sums, divisions and fmas, each correctly
+// rounded, and the TUs' -ffp-contract=off keeps mul and add apart), so the values are bit-identical to the
+// scalar path and to the CUDA kernels. Only compiled into functions with the target attribute; callers check
+// the CPU first (avx512::enabled()).
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -5,7 +5,9 @@
 // item handles every query head of its KV head's GQA group, so a block of keys is gathered from the pages and
 // converted to fp32 once (fp32 caches are read in place) and then used by all G * chunk query rows (a verify
 // round of <= 16 tokens is one chunk: its K/V are read once per KV head). Scores and the online softmax run
-// in fp32 (include/dspark/ online_softmax.h); the output is rounded to the input dtype once at the end.
+// in fp32 (include/dspark/ online_softmax.h); the output is rounded to the input dtype once at the end. On a
+// CPU with AVX-512 (unless DSPARK_CPU_SIMD=0) and D a multiple of 16, the scores, the softmax weights and the
+// P·V update of a row run on 16 lanes (3x the scalar loops at 8 decode requests, docs/benchmarks.md).
 #include "checks/paged_verify_attention.h"
 
 #include <ATen/Dispatch.h>
@@ -16,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "avx512_common.h"
 #include "dspark/online_softmax.h"
 
 namespace dspark {
@@ -23,6 +26,50 @@ namespace {
 
 constexpr int64_t kQueryChunk = 16;  // query tokens per work item
 constexpr int64_t kKeyBlock = 64;    // keys gathered per step
+
+#if defined(DSPARK_HAVE_AVX512_PATH)
+// Scores of one query row against nk keys: S[j] = (q . k_j) * scale on 16-lane fmas and a tree reduction per
+// key (the scalar dot16 below sums its 16 partials one after another, which bounds it by add latency).
+// D is a multiple of 16. Returns max_j S[j]. Rounds differently from dot16: attention is compared to its
+// reference with a tolerance, not bit for bit.
+DSPARK_AVX512 float scores_avx512(const float* q, const float* const* krow, int64_t nk, int64_t D,
+                                  float scale, float* S) {
+  float mx = softmax_neg_inf();
+  for (int64_t j = 0; j < nk; ++j) {
+    const float* k = krow[j];
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+    for (int64_t d = 16; d < D; d += 16)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
+    S[j] = _mm512_reduce_add_ps(acc) * scale;
+    mx = std::max(mx, S[j]);
+  }
+  return mx;
+}
+
+// The online-softmax update of one query row by nk keys: p_j = exp(S[j] - m_new) (exp_exact on 16 lanes; a
+// score of -inf gives 0), o = alpha * o + sum_j p_j v_j with each 16-lane slice of o kept in a register over
+// all keys. Returns sum_j p_j. D is a multiple of 16; S is overwritten with the p_j.
+DSPARK_AVX512 float accumulate_avx512(float* o, const float* const* vrow, float* S, int64_t nk, int64_t D,
+                                      float m_new, float alpha) {
+  const __m512 mv = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < nk; j += 16) {
+    const __mmask16 lm = avx512::tail_mask(j, nk);
+    const __m512 p =
+        _mm512_maskz_mov_ps(lm, avx512::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lm, S + j), mv)));
+    _mm512_mask_storeu_ps(S + j, lm, p);
+    sum = _mm512_add_ps(sum, p);
+  }
+  const __m512 av = _mm512_set1_ps(alpha);
+  for (int64_t d = 0; d < D; d += 16) {
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(o + d), av);
+    for (int64_t j = 0; j < nk; ++j)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(S[j]), _mm512_loadu_ps(vrow[j] + d), acc);
+    _mm512_storeu_ps(o + d, acc);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
 
 // fp32 dot product with 16 independent partial sums (vectorises without reassociation flags).
 inline float dot16(const float* a, const float* b, int64_t n) {
@@ -44,7 +91,7 @@ struct Item {
 template <typename T>
 void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, const int32_t* qo,
                  const int32_t* kvp, const int32_t* idx, const int32_t* last, int64_t Hq, int64_t Hkv,
-                 int64_t D, int64_t ps, float scale, bool causal) {
+                 int64_t D, int64_t ps, float scale, bool causal, bool simd) {
   const int64_t G = Hq / Hkv;
   const int64_t n_q = qo[it.r + 1] - qo[it.r];
   const int64_t n_pages = kvp[it.r + 1] - kvp[it.r];
@@ -96,20 +143,34 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
         const int64_t row = i * G + g;
         const float* qr = Q.data() + row * D;
         float mx = softmax_neg_inf();
-        for (int64_t j = 0; j < jn; ++j) {
-          S[j] = dot16(qr, krow[j], D) * scale;
-          mx = std::max(mx, S[j]);
+#if defined(DSPARK_HAVE_AVX512_PATH)
+        if (simd) {
+          mx = scores_avx512(qr, krow, jn, D, scale, S.data());
+        } else
+#endif
+        {
+          for (int64_t j = 0; j < jn; ++j) {
+            S[j] = dot16(qr, krow[j], D) * scale;
+            mx = std::max(mx, S[j]);
+          }
         }
         const float m_new = std::max(m[row], mx);
         const float alpha = softmax_rescale(m[row], m_new);
         float* o = O.data() + row * D;
         float sum = 0.f;
-        for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
-        for (int64_t j = 0; j < jn; ++j) {
-          const float p = softmax_weight(S[j], m_new);
-          sum += p;
-          const float* vr = vrow[j];
-          for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
+#if defined(DSPARK_HAVE_AVX512_PATH)
+        if (simd) {
+          sum = accumulate_avx512(o, vrow, S.data(), jn, D, m_new, alpha);
+        } else
+#endif
+        {
+          for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
+          for (int64_t j = 0; j < jn; ++j) {
+            const float p = softmax_weight(S[j], m_new);
+            sum += p;
+            const float* vr = vrow[j];
+            for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
+          }
         }
         l[row] = l[row] * alpha + sum;
         m[row] = m_new;
@@ -156,6 +217,11 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
     }
   }
   const float sc = static_cast<float>(scale);
+#if defined(DSPARK_HAVE_AVX512_PATH)
+  const bool simd = D % 16 == 0 && avx512::enabled();
+#else
+  const bool simd = false;
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cpu", [&] {
         const scalar_t* qp = qc.data_ptr<scalar_t>();
@@ -164,7 +230,7 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
         scalar_t* op = out.data_ptr<scalar_t>();
         at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
-            attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp, lastp, Hq, Hkv, D, ps, sc, causal);
+            attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp, lastp, Hq, Hkv, D, ps, sc, causal, simd);
           }
         });
       });

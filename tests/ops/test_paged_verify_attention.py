@@ -67,7 +67,14 @@ CASES = [
 @pytest.mark.parametrize("name,n_q,n_kv,Hq,Hkv,D,ps", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [True, False])
-def test_matches_reference(name, n_q, n_kv, Hq, Hkv, D, ps, dtype, causal):
+@pytest.mark.parametrize("simd", ["on", "off"])
+def test_matches_reference(name, n_q, n_kv, Hq, Hkv, D, ps, dtype, causal, simd, monkeypatch):
+    # "on": the AVX-512 scores / softmax / P·V when the CPU has it and D is a multiple of 16; "off": the scalar
+    # loops (DSPARK_CPU_SIMD=0). Both must meet the rule on their own: they round differently.
+    if simd == "off":
+        monkeypatch.setenv("DSPARK_CPU_SIMD", "0")
+    else:
+        monkeypatch.delenv("DSPARK_CPU_SIMD", raising=False)
     args = make_paged(n_q, n_kv, Hq, Hkv, D, ps, dtype, seed=hash(name) % 1000)
     scale = D**-0.5
     out = dspark.ops.paged_verify_attention(*args, scale, causal)
