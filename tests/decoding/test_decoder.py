@@ -236,7 +236,7 @@ def test_adaptive_slots_draft_one_past_the_last_plan(mode):
     drafter = random_drafter(target)
     gamma = drafter.config.block_size
     drafted, plans = [], []
-    draft, plan = drafter.draft, None
+    draft = drafter.draft
 
     def spy(*args, **kwargs):
         out = draft(*args, **kwargs)
@@ -258,7 +258,8 @@ def test_adaptive_slots_draft_one_past_the_last_plan(mode):
             return p
 
         dec.planner.plan = plan_spy
-        drafted.clear(), plans.clear()
+        drafted.clear()
+        plans.clear()
         try:
             outs[adaptive] = dec.generate(prompts, max_new_tokens=10, eos_token_id=[]).sequences
         finally:

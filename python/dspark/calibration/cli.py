@@ -67,10 +67,7 @@ def _fitting_prompts(dec, texts: list[str], args: argparse.Namespace) -> list[li
     from dspark.decoding.decoder import chat_token_ids
 
     ids = [chat_token_ids(dec.tokenizer, t) for t in texts]
-    if not dec.max_positions:
-        return ids
-    room = dec.max_positions - args.max_new_tokens - dec.gamma - 1
-    keep = [len(p) <= room for p in ids]
+    keep = [dec.fits_context(len(p), args.max_new_tokens) for p in ids]
     dropped = [args.skip + i for i, k in enumerate(keep) if not k]
     if dropped:
         print(

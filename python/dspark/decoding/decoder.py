@@ -262,6 +262,11 @@ class DSparkDecoder:
         self.host = HostReader()  # every device -> host read of a round goes through it (counted)
 
     # ------------------------------------------------------------------ public API
+    def fits_context(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """Whether a prompt of ``prompt_len`` tokens leaves room for ``max_new_tokens`` and a last verify block
+        within the target's ``max_position_embeddings`` (always True when the target declares none)."""
+        return not self.max_positions or prompt_len + max_new_tokens + self.gamma + 1 <= self.max_positions
+
     def close(self) -> None:
         """Restore the target's attention implementation and free the KV caches."""
         self.adapter.close()
@@ -422,7 +427,7 @@ class DSparkDecoder:
     def _make_requests(self, prompt_ids: list[list[int]], cfg: dict) -> list[_Request]:
         reqs = []
         for i, p in enumerate(prompt_ids):
-            if self.max_positions and len(p) + cfg["max_new_tokens"] + self.gamma + 1 > self.max_positions:
+            if not self.fits_context(len(p), cfg["max_new_tokens"]):
                 raise ValueError(
                     f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {cfg['max_new_tokens']} exceed the "
                     f"target's context of {self.max_positions} positions"
@@ -613,18 +618,18 @@ class DSparkDecoder:
             )
             self._offset += 1
             V = self.drafter.config.vocab_size
-            q = d.draft_logits[:, :g].float()
+            q = d.draft_logits.float()  # [R, g, V]: the drafter drafted g slots
             # the NaN/inf flag is read with the round's results; q is sanitised so the round can run
             q_finite = all_finite(q)
             q = sanitized(q, q_finite).contiguous()
-            drafts = d.tokens[:, :g].clamp(0, V - 1)
+            drafts = d.tokens.clamp(0, V - 1)
             t1 = time.perf_counter()
             stats.add_time("markov_sample", d.markov_seconds)
             stats.add_time("draft", t1 - t0 - d.markov_seconds)
             full = torch.full((R,), g + 1, dtype=torch.int32)
             if d.survival is not None:
-                survival = d.survival[:, :g].contiguous()
-                conf_logit = d.conf_logit[:, :g]
+                survival = d.survival.contiguous()
+                conf_logit = d.conf_logit
                 plan = self.planner.plan(survival, [r.rid for r in rs])
                 if plan.mode == "full":  # every draft is verified: nothing to read
                     verify_len, budget = full, R * g

@@ -10,16 +10,16 @@ rows :func:`linear` computes ``(W · xᵀ)ᵀ``; a single row is doubled first (
 which is the slow 46 ms case). The products are the same dot products summed in another order: results agree
 with ``F.linear`` to float rounding, not bit for bit.
 
-:func:`weight_stationary_linears` applies it to every ``nn.Linear`` of a module for the duration of a ``with``
+:func:`weight_stationary_linears` applies it to a model's ``nn.Linear`` modules for the duration of a ``with``
 block (the target adapter wraps each forward in it), and restores the modules afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import platform
-import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -87,25 +87,37 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, max_rows: int 
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def _forward(self: nn.Linear, x: Tensor, max_rows: int) -> Tensor:
-    return linear(x, self.weight, self.bias, max_rows)
+def _forward(module: nn.Linear, x: Tensor, max_rows: int) -> Tensor:
+    return linear(x, module.weight, module.bias, max_rows)
+
+
+def plain_linears(module: nn.Module) -> list[nn.Linear]:
+    """The modules of exact type ``nn.Linear`` in ``module`` (subclasses, e.g. quantised linears, excluded)."""
+    return [m for m in module.modules() if type(m) is nn.Linear]
 
 
 @contextlib.contextmanager
-def weight_stationary_linears(module: nn.Module, max_rows: int | None = None) -> Iterator[int]:
-    """Route every plain ``nn.Linear`` of ``module`` through :func:`linear` inside the block.
+def weight_stationary_linears(linears: Iterable[nn.Module], max_rows: int | None = None) -> Iterator[int]:
+    """Route the given plain ``nn.Linear`` modules through :func:`linear` inside the block.
 
-    Only modules of exact type ``nn.Linear`` whose ``forward`` is the class's own are changed (a subclass, e.g. a
-    quantised linear, or a module another library has hooked by replacing ``forward``, is left alone). The
-    instance attribute set here is removed on exit, also when the block raises. Yields the row limit in use
-    (0: nothing was changed).
+    Changed: modules of exact type ``nn.Linear`` with an fp32 CPU weight whose ``forward`` is the class's own (a
+    subclass, e.g. a quantised linear, a module another library has hooked by replacing ``forward``, or one the
+    path can never apply to is left alone). Callers on a hot path pass a list made once with
+    :func:`plain_linears`. The instance attribute set here is removed on exit, also when the block raises.
+    Yields the row limit in use (0: nothing was changed).
     """
     limit = default_max_rows() if max_rows is None else int(max_rows)
     patched: list[nn.Linear] = []
     if limit > 0:
-        for m in module.modules():
-            if type(m) is nn.Linear and "forward" not in m.__dict__:
-                m.forward = types.MethodType(lambda self, x, _n=limit: _forward(self, x, _n), m)
+        for m in linears:
+            if type(m) is not nn.Linear:
+                continue
+            d = (
+                m.__dict__
+            )  # read and set directly: nn.Module's __getattr__ / __setattr__ cost microseconds each
+            w = d["_parameters"]["weight"]
+            if w.dtype == torch.float32 and w.device.type == "cpu" and "forward" not in d:
+                d["forward"] = functools.partial(_forward, m, max_rows=limit)
                 patched.append(m)
     try:
         yield limit

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from dspark.host_sync import to_device
 from dspark.kv import PagePool
-from dspark.models.cpu_linear import weight_stationary_linears
+from dspark.models.cpu_linear import plain_linears, weight_stationary_linears
 from dspark.ops import paged_kv_append, paged_verify_attention
 
 ATTN_NAME = "dspark"
@@ -257,6 +257,7 @@ class TargetAdapter:
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
         ]
         self._layers = _decoder_layers(model)
+        self._linears = plain_linears(model)  # found once: each forward routes them (few-row fp32 on CPU)
         # Handed to the model as its attention mask: transformers returns a 4-D mask as it is, before its
         # packed-sequence check of position_ids, which reads a device value back (a sync on every forward).
         # dspark attention ignores it and masks from the ragged metadata.
@@ -406,7 +407,7 @@ class TargetAdapter:
 
             handles.append(self._layers[layer].register_forward_hook(hook))
         try:
-            with weight_stationary_linears(self.model, self.linear_max_rows):
+            with weight_stationary_linears(self._linears, self.linear_max_rows):
                 out = self.model(
                     input_ids=torch.cat([to_device(t, dev) for t in tokens])[None],
                     position_ids=to_device(torch.cat(positions), dev)[None],
