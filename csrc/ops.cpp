@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The one TORCH_LIBRARY(dspark) block (every schema) and the _C Python module (build information).
 // Device implementations live in csrc/cpu/<op>.cpp and csrc/cuda/<op>.cu; fakes in python/dspark/ops/<op>.py.
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 #include <torch/library.h>
+
+#include <mutex>
+#include <set>
 
 #include "dspark/philox.h"
 
@@ -79,7 +83,25 @@ pybind11::dict build_info() {
     start = end + 1;
   }
   info["cuda_archs"] = archs;
+#ifdef _OPENMP
+  info["openmp"] = true;
+#else
+  info["openmp"] = false;
+#endif
   return info;
+}
+
+// Distinct threads an at::parallel_for over n items runs on in this library. at::parallel_for is inline code
+// around `#pragma omp parallel`, so it follows torch.set_num_threads only when this library itself is
+// compiled with OpenMP (otherwise 1: every CPU kernel on one thread).
+int64_t parallel_threads(int64_t n) {
+  std::mutex mu;
+  std::set<int> seen;
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    const std::lock_guard<std::mutex> lock(mu);
+    seen.insert(at::get_thread_num());
+  });
+  return static_cast<int64_t>(seen.size());
 }
 
 // Raw Philox4x32-10 block for known-answer tests: counter [4] and key [2] as Python ints.
@@ -96,5 +118,8 @@ std::vector<uint32_t> philox4x32_10_py(const std::vector<uint32_t>& ctr, const s
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dspark C++/CUDA extension: registers the torch.ops.dspark operators";
   m.def("build_info", &build_info, "dspark version, the torch it was built against, and compiled CUDA archs");
+  m.def(
+      "parallel_threads", &parallel_threads,
+      "Distinct threads an at::parallel_for over n items uses in the extension (its CPU kernels' threading)");
   m.def("philox4x32_10", &philox4x32_10_py, "Raw Philox4x32-10 block (counter[4], key[2]) -> 4 words");
 }

@@ -41,3 +41,16 @@ def test_every_op_has_a_cpu_kernel_and_a_fake():
             fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
             out = getattr(torch.ops.dspark, name).default(*fake_args)
             assert [tuple(o.shape) for o in out] == shapes, name
+
+
+def test_cpu_kernels_follow_torch_thread_count():
+    # at::parallel_for compiled without OpenMP runs every CPU kernel on one thread whatever torch says
+    assert dspark.build_info()["openmp"] is True
+    old = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert dspark._C.parallel_threads(64) == n
+        assert dspark._C.parallel_threads(1) == 1  # one item: no second thread
+    finally:
+        torch.set_num_threads(old)

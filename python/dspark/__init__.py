@@ -28,7 +28,8 @@ def build_info() -> dict:
     -------
     dict
         ``version`` (dspark), ``torch_version`` (the torch it was compiled against), ``cuda`` (whether CUDA
-        kernels were compiled) and ``cuda_archs`` (e.g. ``["sm_80", "sm_90a"]``).
+        kernels were compiled), ``cuda_archs`` (e.g. ``["sm_80", "sm_90a"]``) and ``openmp`` (whether the CPU
+        kernels run on ``torch.get_num_threads()`` threads; without it they run on one).
     """
     return dict(_C.build_info())
 
