@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The extension loads, reports how it was built, and registers every op with a fake implementation."""
 
+import sys
+
+import pytest
 import torch
 
 import dspark
@@ -45,7 +48,10 @@ def test_every_op_has_a_cpu_kernel_and_a_fake():
 
 def test_cpu_kernels_follow_torch_thread_count():
     # at::parallel_for compiled without OpenMP runs every CPU kernel on one thread whatever torch says
-    assert dspark.build_info()["openmp"] is True
+    if sys.platform.startswith("linux"):  # GCC and its libgomp, as torch's own wheels use
+        assert dspark.build_info()["openmp"] is True
+    elif not dspark.build_info()["openmp"]:
+        pytest.skip("built without OpenMP: the CPU kernels run on one thread")
     old = torch.get_num_threads()
     try:
         for n in (1, 2, 3):
