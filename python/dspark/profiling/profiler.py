@@ -64,15 +64,25 @@ def default_batch_tokens(num_requests: int, block_size: int) -> list[int]:
     return [num_requests * n for n in range(1, block_size + 2)]
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows (e.g. ``x86_64``)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def describe_device(device: torch.device) -> dict:
     """Device, library versions and threads, for the table's metadata."""
     import dspark
 
     info: dict[str, Any] = {
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "torch_version": torch.__version__,
         "dspark_version": dspark.__version__,
         "python_version": platform.python_version(),
