@@ -290,9 +290,13 @@ class TargetAdapter:
         self.k_cache, self.v_cache = [], []
 
     # ---- forward ------------------------------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward(self, batch: Sequence[TargetInput | tuple], layers: Sequence[int] = ()) -> TargetOutput:
         """Append each request's new tokens and run them through the model in one packed forward.
+
+        Runs under ``torch.inference_mode`` (a SmolLM2-135M one-token step on CPU: ~8 % faster than under
+        ``no_grad``, from less per-op bookkeeping), so the returned tensors are inference tensors: read them
+        freely; ``clone()`` one to modify it in place or to use it in autograd.
 
         Parameters
         ----------
