@@ -46,7 +46,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ class Run:
     method: str
     batch: int
     sequences: list[list[int]]
-    seconds: float
+    seconds: float  # the median of seconds_each
     planner: str | None = None  # requested planner (DSpark / DFlash)
     effective_planner: str | None = None  # what ran: cost-driven planners need an SPS table
     stats: DSparkStats | None = None
@@ -93,6 +93,7 @@ class Run:
     ratio: float | None = None  # tokens/s over HF generate's at the same batch
     matches_hf: bool | None = None  # greedy only
     mismatch: str = ""
+    seconds_each: list[float] = field(default_factory=list)  # every timed run (--repeats), in order
 
     @property
     def tokens(self) -> int:
@@ -113,6 +114,7 @@ class Run:
             "tokens": self.tokens,
             "sequence_lengths": [len(s) for s in self.sequences],
             "seconds": self.seconds,
+            "seconds_each": self.seconds_each,
             "tokens_per_second": self.tokens_per_second,
             "ratio_to_hf": self.ratio,
             "matches_hf": self.matches_hf,
@@ -137,8 +139,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[Any, float]:
-    """``fn()``'s last result and its median wall time over ``repeats`` calls."""
+def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[Any, float, list[float]]:
+    """``fn()``'s last result, its median wall time over ``repeats`` calls, and every call's time."""
     times, out = [], None
     for _ in range(max(1, repeats)):
         _sync(device)
@@ -146,7 +148,7 @@ def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[A
         out = fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return out, statistics.median(times)
+    return out, statistics.median(times), times
 
 
 def _trim(seq: list[int], eos_ids: Sequence[int]) -> list[int]:
@@ -215,8 +217,8 @@ def run_hf(
 
     if warmup:
         once(prompts[:batch], WARMUP_TOKENS)
-    seqs, secs = _timed(lambda: once(prompts, max_new_tokens), device, repeats)
-    return Run(HF, batch, seqs, secs)
+    seqs, secs, each = _timed(lambda: once(prompts, max_new_tokens), device, repeats)
+    return Run(HF, batch, seqs, secs, seconds_each=each)
 
 
 def run_prompt_lookup(
@@ -252,8 +254,10 @@ def run_prompt_lookup(
 
     if warmup:
         once(prompts[:1], WARMUP_TOKENS)
-    seqs, secs = _timed(lambda: once(prompts, max_new_tokens), device, repeats)
-    return Run(PROMPT_LOOKUP, 1, seqs, secs, note=f"{num_tokens} lookup tokens, prompt by prompt")
+    seqs, secs, each = _timed(lambda: once(prompts, max_new_tokens), device, repeats)
+    return Run(
+        PROMPT_LOOKUP, 1, seqs, secs, note=f"{num_tokens} lookup tokens, prompt by prompt", seconds_each=each
+    )
 
 
 def run_dspark(
@@ -310,13 +314,13 @@ def run_dspark(
 
         if warmup:
             once(prompts[:batch], WARMUP_TOKENS)
-        out, secs = _timed(lambda: once(prompts, max_new_tokens), target.device, repeats)
+        out, secs, each = _timed(lambda: once(prompts, max_new_tokens), target.device, repeats)
         effective = dec.planner.effective_mode if has_conf else "full"
     finally:
         dec.close()
     if not speculative:  # plain decoding: no planner ran
         planner = effective = None
-    return Run(method, batch, out.sequences, secs, planner, effective, out.stats)
+    return Run(method, batch, out.sequences, secs, planner, effective, out.stats, seconds_each=each)
 
 
 # ---------------------------------------------------------------------------------------------------- checks
