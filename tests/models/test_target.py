@@ -134,6 +134,21 @@ def test_logit_row_selection_and_positions():
     torch.testing.assert_close(explicit.logits, full.logits, atol=1e-6, rtol=0)
 
 
+def test_forward_runs_in_inference_mode_and_caches_stay_usable():
+    # documented: outputs are inference tensors (clone to modify); a pool that grows inside a forward
+    # reallocates the caches there, and later forwards and truncations must still work on them
+    a = TargetAdapter(tiny_model("llama", seed=5), page_size=4, num_pages=2)
+    a.add_request(0)
+    out = a.forward([TargetInput(0, list(range(1, 20)))], layers=[0])
+    assert out.logits.is_inference() and out.hidden[0].is_inference()
+    assert not torch.is_inference_mode_enabled()
+    a.truncate(0, 10)
+    again = a.forward([TargetInput(0, list(range(11, 20)), positions=list(range(10, 19)))])
+    torch.testing.assert_close(again.logits, out.logits[10:], atol=1e-5, rtol=0)
+    editable = out.logits.clone()
+    editable += 1  # a clone is an ordinary tensor
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_forward_skips_transformers_mask_preparation(family, monkeypatch):
     # transformers' packed-sequence check reads position_ids back to the host: a device sync every forward
