@@ -46,7 +46,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ class Run:
     method: str
     batch: int
     sequences: list[list[int]]
-    seconds: float  # the median of seconds_each
+    seconds_each: list[float]  # wall time of every timed run (--repeats), in order; empty when not run
     planner: str | None = None  # requested planner (DSpark / DFlash)
     effective_planner: str | None = None  # what ran: cost-driven planners need an SPS table
     stats: DSparkStats | None = None
@@ -93,11 +93,15 @@ class Run:
     ratio: float | None = None  # tokens/s over HF generate's at the same batch
     matches_hf: bool | None = None  # greedy only
     mismatch: str = ""
-    seconds_each: list[float] = field(default_factory=list)  # every timed run (--repeats), in order
 
     @property
     def tokens(self) -> int:
         return sum(len(s) for s in self.sequences)
+
+    @property
+    def seconds(self) -> float:
+        """The median timed run (0 when the method did not run)."""
+        return statistics.median(self.seconds_each) if self.seconds_each else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -139,8 +143,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[Any, float, list[float]]:
-    """``fn()``'s last result, its median wall time over ``repeats`` calls, and every call's time."""
+def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[Any, list[float]]:
+    """``fn()``'s last result and the wall time of each of its ``repeats`` calls."""
     times, out = [], None
     for _ in range(max(1, repeats)):
         _sync(device)
@@ -148,7 +152,7 @@ def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[A
         out = fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return out, statistics.median(times), times
+    return out, times
 
 
 def _trim(seq: list[int], eos_ids: Sequence[int]) -> list[int]:
@@ -217,8 +221,8 @@ def run_hf(
 
     if warmup:
         once(prompts[:batch], WARMUP_TOKENS)
-    seqs, secs, each = _timed(lambda: once(prompts, max_new_tokens), device, repeats)
-    return Run(HF, batch, seqs, secs, seconds_each=each)
+    seqs, times = _timed(lambda: once(prompts, max_new_tokens), device, repeats)
+    return Run(HF, batch, seqs, times)
 
 
 def run_prompt_lookup(
@@ -254,10 +258,8 @@ def run_prompt_lookup(
 
     if warmup:
         once(prompts[:1], WARMUP_TOKENS)
-    seqs, secs, each = _timed(lambda: once(prompts, max_new_tokens), device, repeats)
-    return Run(
-        PROMPT_LOOKUP, 1, seqs, secs, note=f"{num_tokens} lookup tokens, prompt by prompt", seconds_each=each
-    )
+    seqs, times = _timed(lambda: once(prompts, max_new_tokens), device, repeats)
+    return Run(PROMPT_LOOKUP, 1, seqs, times, note=f"{num_tokens} lookup tokens, prompt by prompt")
 
 
 def run_dspark(
@@ -314,13 +316,13 @@ def run_dspark(
 
         if warmup:
             once(prompts[:batch], WARMUP_TOKENS)
-        out, secs, each = _timed(lambda: once(prompts, max_new_tokens), target.device, repeats)
+        out, times = _timed(lambda: once(prompts, max_new_tokens), target.device, repeats)
         effective = dec.planner.effective_mode if has_conf else "full"
     finally:
         dec.close()
     if not speculative:  # plain decoding: no planner ran
         planner = effective = None
-    return Run(method, batch, out.sequences, secs, planner, effective, out.stats, seconds_each=each)
+    return Run(method, batch, out.sequences, times, planner, effective, out.stats)
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -746,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
                                 PROMPT_LOOKUP,
                                 b,
                                 [],
-                                0.0,
+                                [],
                                 available=False,
                                 note="HF runs it at batch 1 only: see the batch-1 row",
                             ),

@@ -112,9 +112,8 @@ def weight_stationary_linears(linears: Iterable[nn.Module], max_rows: int | None
         for m in linears:
             if type(m) is not nn.Linear:
                 continue
-            d = (
-                m.__dict__
-            )  # read and set directly: nn.Module's __getattr__ / __setattr__ cost microseconds each
+            # read and set directly: nn.Module's __getattr__ / __setattr__ cost microseconds each
+            d = m.__dict__
             w = d["_parameters"]["weight"]
             if w.dtype == torch.float32 and w.device.type == "cpu" and "forward" not in d:
                 d["forward"] = functools.partial(_forward, m, max_rows=limit)

@@ -580,9 +580,8 @@ class DSparkDrafter(nn.Module):
             if ctx is not None:
                 ctx.reserve(ctx.length + self.config.block_size)
         anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
-        with weight_stationary_linears(
-            self.modules()
-        ):  # fp32 CPU: few rows (γ per request) go faster transposed
+        # fp32 CPU: few rows (γ per request) go faster transposed
+        with weight_stationary_linears(self.modules()):
             hidden = self.backbone(anchors, ctxs, starts)
             if g < hidden.shape[1]:
                 hidden = hidden[:, :g].contiguous()
