@@ -6,7 +6,11 @@ heads, head_dim 64, intermediate 1536, vocab 49152, tied embeddings); its decode
 with a KV cache of ``--context`` tokens) is timed in the same run. Drafters share its embedding and LM head and
 have 1, 2 or 3 layers and Markov rank 64 or 256 (block 7), with ``--context`` committed context rows per request.
 
+``--draft-vocabs 0,16384`` also times each drafter restricted to a draft vocabulary of that many ids (0: the
+whole vocabulary; docs/drafter.md "Draft vocabulary").
+
 python benchmarks/bench_drafter.py [--quick] [--context 256] [--reps 7] [--json out.json] [--threads N]
+    [--layers 1,2,3] [--ranks 64,256] [--draft-vocabs 0,16384,8192]
 """
 
 from __future__ import annotations
@@ -94,13 +98,19 @@ def main() -> None:
         default="float32,bfloat16",
         help="drafter dtypes to time against the fp32 target (bf16 keeps its own cast LM head copy)",
     )
+    ap.add_argument("--layers", default="1,2,3", help="drafter depths (default 1,2,3)")
+    ap.add_argument("--ranks", default="64,256", help="Markov ranks (default 64,256)")
+    ap.add_argument(
+        "--draft-vocabs", default="0", help="draft vocabulary sizes, 0 = the whole vocabulary (default 0)"
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     reps = 2 if args.quick else args.reps
     context = min(args.context, 32) if args.quick else args.context
-    layers_list = [1] if args.quick else [1, 2, 3]
-    ranks = [64] if args.quick else [64, 256]
+    layers_list = [1] if args.quick else [int(x) for x in args.layers.split(",")]
+    ranks = [64] if args.quick else [int(x) for x in args.ranks.split(",")]
+    vocab_sizes = [0, 8192] if args.quick else [int(x) for x in args.draft_vocabs.split(",")]
     rs = [1] if args.quick else [1, 8]
 
     target = smollm2_target()
@@ -118,7 +128,9 @@ def main() -> None:
             share_embeddings=dt == torch.float32,  # another dtype needs its own cast copy
         )
         width = drafter.config.num_taps * drafter.config.hidden_size
-        for R in rs:
+        for R, nv in ((a, b) for a in rs for b in vocab_sizes):
+            subset = torch.randperm(49152, generator=torch.Generator().manual_seed(nv))[:nv] if nv else None
+            drafter.set_draft_vocab(subset)
             drafter.finish_all()
             gen = torch.Generator().manual_seed(R)
             ids = list(range(R))
@@ -128,6 +140,8 @@ def main() -> None:
             out = drafter.draft(ids, anchors, 0.0)
             assert torch.equal(out.tokens[:, 0], out.draft_logits[:, 0].argmax(-1))
             torch.testing.assert_close(out.survival, out.conf.cumprod(-1))
+            if subset is not None:  # drafts only from the draft vocabulary
+                assert torch.isin(out.tokens, subset).all()
 
             def greedy(d=drafter, ids=ids, anchors=anchors):
                 d.draft(ids, anchors, 0.0, seed=1, offset=0)
@@ -137,6 +151,7 @@ def main() -> None:
 
             best = interleaved_min([decode[R], greedy, sampled], reps)
             row = dict(layers=layers, rank=rank, dtype=str(dt).removeprefix("torch."), R=R, context=context)
+            row.update(draft_vocab=nv or 49152)
             row.update(decode_us=best[0], greedy_us=best[1], sampled_us=best[2])
             row.update(greedy_frac=best[1] / best[0], sampled_frac=best[2] / best[0])
             rows.append(row)
@@ -147,12 +162,12 @@ def main() -> None:
         f"context {context}, block 7, min of {reps} interleaved runs)\n"
     )
     print(
-        "| layers | r | drafter dtype | R | decode step (ms) | round greedy (ms) | / decode | round T=1 (ms) | / decode |"
+        "| layers | r | drafter dtype | draft vocab | R | decode step (ms) | round greedy (ms) | / decode | round T=1 (ms) | / decode |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['layers']} | {r['rank']} | {r['dtype']} | {r['R']} | {r['decode_us'] / 1e3:.2f} | {r['greedy_us'] / 1e3:.2f} | "
+            f"| {r['layers']} | {r['rank']} | {r['dtype']} | {r['draft_vocab']} | {r['R']} | {r['decode_us'] / 1e3:.2f} | {r['greedy_us'] / 1e3:.2f} | "
             f"{r['greedy_frac']:.2f} | {r['sampled_us'] / 1e3:.2f} | {r['sampled_frac']:.2f} |"
         )
     if args.json:

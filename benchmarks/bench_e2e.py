@@ -59,6 +59,7 @@ from dspark import DSparkDecoder, DSparkDrafter  # noqa: E402
 from dspark.cli import load_target  # noqa: E402
 from dspark.decoding.decoder import chat_token_ids  # noqa: E402
 from dspark.decoding.stats import DSparkStats  # noqa: E402
+from dspark.models.draft_vocab import load_draft_vocab  # noqa: E402
 from dspark.training.data import read_prompt_file  # noqa: E402
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts"
@@ -456,7 +457,7 @@ def plots(cases: list[Case], out_dir: Path) -> list[Path]:
     for c, ax in panels(
         "acceptance: P(accept draft k | drafts before k accepted), full planner, 95% Wilson intervals"
     ):
-        dspark_runs = [r for r in c.runs if r.method.startswith("DSpark")]
+        dspark_runs = [r for r in c.runs if r.method.startswith("DSpark") and "whole vocab" not in r.method]
         full = [r for r in dspark_runs if r.planner == "full"]
         for label, runs in (
             (
@@ -600,6 +601,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--block-size", type=int, default=None, help="drafts per round (default: the drafter's)")
     ap.add_argument(
+        "--draft-vocab",
+        default="auto",
+        help="draft_vocab.json for the drafter ('auto': its folder's, if any; 'none': the whole vocabulary)",
+    )
+    ap.add_argument(
+        "--also-whole-vocab",
+        action="store_true",
+        help="also run each planner drafting from the whole vocabulary (when a draft vocabulary is in use)",
+    )
+    ap.add_argument(
         "--linear-max-rows",
         type=int,
         default=None,
@@ -692,6 +703,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ddtype = target.dtype
     drafter, drafter_name, sps, sts = resolve_drafter(args.drafter, target, tok, args.quick, ddtype)
+    if args.draft_vocab == "none":
+        drafter.set_draft_vocab(None)
+    elif args.draft_vocab != "auto":
+        drafter.set_draft_vocab(load_draft_vocab(args.draft_vocab, drafter.config.vocab_size))
+    draft_vocab = drafter.draft_vocab
     sps, sts = _optional_path(args.sps, sps), _optional_path(args.sts, sts)
     dflash = None
     if args.dflash == "random":
@@ -711,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
 
     setup = (
         f"{args.target} ({args.dtype}, {args.device}, {torch.get_num_threads()} threads), drafter {drafter_name} ({drafter.dtype}), "
+        f"draft vocabulary {'whole' if draft_vocab is None else f'{draft_vocab.numel()} ids'}, "
         f"SPS {sps or 'none'}, STS {sts or 'none'}, few-row linears "
         f"{'default' if args.linear_max_rows is None else f'up to {args.linear_max_rows} rows'}"
     )
@@ -769,20 +786,18 @@ def main(argv: list[str] | None = None) -> int:
                             where,
                             engine(drafter, prompts, method=PLAIN, planner="full", speculative=False),
                         )
+                    planned = functools.partial(
+                        engine, drafter, prompts, sps=sps, sts=sts, block_size=args.block_size
+                    )
                     for planner in args.planners:
-                        _add(
-                            runs,
-                            where,
-                            engine(
-                                drafter,
-                                prompts,
-                                method=f"DSpark {planner}",
-                                planner=planner,
-                                sps=sps,
-                                sts=sts,
-                                block_size=args.block_size,
-                            ),
-                        )
+                        _add(runs, where, planned(method=f"DSpark {planner}", planner=planner))
+                    for planner in args.planners if args.also_whole_vocab and draft_vocab is not None else []:
+                        drafter.set_draft_vocab(None)
+                        try:
+                            run = planned(method=f"DSpark {planner}, whole vocab", planner=planner)
+                        finally:
+                            drafter.set_draft_vocab(draft_vocab)
+                        _add(runs, where, run)
                     if dflash is not None:
                         _add(
                             runs,
@@ -818,6 +833,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dtype": str(drafter.dtype).removeprefix("torch."),
                 "sps": str(sps) if sps else None,
                 "sts": str(sts) if sts else None,
+                "draft_vocab": None if draft_vocab is None else int(draft_vocab.numel()),
             },
             "cases": [
                 {

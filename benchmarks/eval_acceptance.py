@@ -4,7 +4,7 @@
     python benchmarks/eval_acceptance.py --drafter dspark=PATH --drafter dflash=PATH \
         --prompts ../shared/data/prompts/mt-bench.jsonl ../shared/data/prompts/humaneval.jsonl \
         [--limit 40] [--temperatures 0 1] [--max-new-tokens 256] [--batch 8] [--planner full] \
-        [--json out.json] [--plot acceptance.png]
+        [--draft-vocab dspark=draft_vocab.json | dspark=none] [--json out.json] [--plot acceptance.png]
 
 DeepSpec's protocol: the first user turn of each row, chat template, EOS ends a sequence, the prefill token is
 not counted. τ is pooled over all rounds of a prompt set (micro average) and macro-averaged over the sets.
@@ -65,6 +65,12 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--drafter", action="append", required=True, help="NAME=PATH (repeatable)")
     ap.add_argument("--sts", action="append", default=[], help="NAME=STS.json for a drafter (optional)")
+    ap.add_argument(
+        "--draft-vocab",
+        action="append",
+        default=[],
+        help="NAME=draft_vocab.json, or NAME=none for the whole vocabulary (default: the drafter folder's file)",
+    )
     ap.add_argument("--prompts", nargs="+", type=Path, required=True)
     ap.add_argument("--limit", type=int, default=None, help="first N rows of each prompt file")
     ap.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
@@ -81,11 +87,17 @@ def main() -> None:
     ap.add_argument("--plot", type=Path, default=None)
     args = ap.parse_args()
     target, tok = load_target(args.target)
+    vocabs = dict(s.split("=", 1) for s in args.draft_vocab)
     drafters = {}
     for spec in args.drafter:
         name, _, path = spec.partition("=")
+        vocab = vocabs.get(name, True)
         drafters[name] = DSparkDrafter.from_pretrained(
-            path, target=target, tokenizer=tok, dtype=args.drafter_dtype
+            path,
+            target=target,
+            tokenizer=tok,
+            dtype=args.drafter_dtype,
+            draft_vocab=None if vocab == "none" else vocab,
         )
     sts = dict(s.split("=", 1) for s in args.sts)
     sets = {

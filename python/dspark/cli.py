@@ -102,7 +102,8 @@ def _generate(args: argparse.Namespace) -> int:
             target, block_size=args.block_size or 7, num_layers=1, markov_rank=64
         )
     else:
-        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, tokenizer=tok)
+        vocab = {"auto": True, "none": None}.get(args.draft_vocab, args.draft_vocab)
+        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, tokenizer=tok, draft_vocab=vocab)
     dec = DSparkDecoder(
         target,
         drafter,
@@ -180,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         "--sts", default=None, help="STS JSON of the confidence head (dspark calibrate's or SGLang's)"
     )
     g.add_argument("--block-size", type=int, default=None)
+    g.add_argument(
+        "--draft-vocab",
+        default="auto",
+        help="draft_vocab.json to draft from; 'auto': the drafter folder's, if any; 'none': the whole vocabulary",
+    )
     g.add_argument("--no-speculation", action="store_true", help="plain decoding through the same engine")
     g.set_defaults(fn=_generate)
     from dspark.training.cli import add_train_parser

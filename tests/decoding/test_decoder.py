@@ -272,3 +272,22 @@ def test_adaptive_slots_draft_one_past_the_last_plan(mode):
         else:
             assert drafted == [gamma] * len(drafted)
     assert outs[True] == outs[False] == [hf_greedy(target, p, 10) for p in prompts]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_with_a_draft_vocabulary_missing_tokens_of_the_answer(mode):
+    # the perfect chain drafter may only propose 4, 0, 1, 5: the target's 2 and 3 come from rejections
+    table = _chain()
+    target = markov_chain_target(table)
+    prompts = [[1, 4], [3], [5, 2, 0]]
+    want = [hf_greedy(target, p, 14) for p in prompts]
+    drafter = markov_drafter(target, table, block_size=4)
+    drafter.set_draft_vocab([0, 1, 4, 5])
+    dec = DSparkDecoder(target, drafter, planner=mode, sps_table=SPS, threshold=0.3)
+    try:
+        out = dec.generate(prompts, max_new_tokens=14, eos_token_id=[])
+    finally:
+        dec.close()
+    assert out.sequences == want
+    assert {2, 3} <= {t for s in want for t in s}
+    assert 0 < out.stats.rejected_drafts < out.stats.verified_drafts

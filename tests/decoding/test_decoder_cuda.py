@@ -36,9 +36,11 @@ def _count_syncs(fn):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_rounds_sync_only_at_counted_reads_and_greedy_equals_target(mode, temperature):
+@pytest.mark.parametrize("draft_vocab", [None, list(range(0, 96, 2))])
+def test_rounds_sync_only_at_counted_reads_and_greedy_equals_target(mode, temperature, draft_vocab):
     target = tiny_target("llama", seed=5).to("cuda")
     drafter = random_drafter(target)
+    drafter.set_draft_vocab(draft_vocab)  # a draft vocabulary adds no host reads
     prompts = prompts_of([4, 9, 13, 2], 96, seed=5)
     want = [hf_greedy(target, p, 12) for p in prompts] if temperature == 0 else None
     dec = DSparkDecoder(target, drafter, planner=mode, sps_table=SPS, threshold=0.3, max_batch_size=4)

@@ -78,10 +78,11 @@ def chi_square_p(counts, probs, n):
 APPENDIX_A_CONF = [math.log(0.9 / 0.1), -9.0, math.log(0.8 / 0.2), -9.0]
 
 
-def run(planner, temperature, top_k=0, top_p=1.0, n=N, seed=0, drafter_dir=None):
+def run(planner, temperature, top_k=0, top_p=1.0, n=N, seed=0, drafter_dir=None, draft_vocab=None):
     table = chain_table()
     target = markov_chain_target(table)
     drafter = markov_drafter(target, table, noise=1.0, block_size=3, conf_logits=APPENDIX_A_CONF)
+    drafter.set_draft_vocab(draft_vocab)
     if drafter_dir is not None:  # the same drafter in bf16 (its own cast copy of the fp32 target's LM head)
         drafter.save_pretrained(drafter_dir, include_embeddings=False)
         drafter = DSparkDrafter.from_pretrained(drafter_dir, target=target, dtype=torch.bfloat16)
@@ -131,6 +132,16 @@ def test_first_three_tokens_follow_the_target(mode, temperature, top_k, top_p):
 def test_a_bf16_drafter_for_an_fp32_target_keeps_its_distribution(tmp_path):
     planner = Planner("early_stop", batch_sps(N), threshold=0.5)
     pval, tv, stats = run(planner, 1.0, drafter_dir=tmp_path / "d")
+    assert pval > 1e-3 and tv < TV_MAX, (pval, tv)
+    assert 0 < stats.rejected_drafts < stats.verified_drafts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,temperature,top_k,top_p", [("early_stop", 1.0, 0, 1.0), ("full", 0.7, 0, 0.8)])
+def test_a_draft_vocabulary_keeps_the_distribution(mode, temperature, top_k, top_p):
+    # q is 0 on token 1: every 1 the target emits comes from a rejection's residual or a bonus token
+    planner = Planner(mode, batch_sps(N), threshold=0.5)
+    pval, tv, stats = run(planner, temperature, top_k, top_p, draft_vocab=[0, 2, 3])
     assert pval > 1e-3 and tv < TV_MAX, (pval, tv)
     assert 0 < stats.rejected_drafts < stats.verified_drafts
 

@@ -43,6 +43,15 @@ def test_bundled_sts_and_sps_files_load():
     assert "temperatures" in json.loads(b.sts.read_text())
 
 
+def test_bundled_draft_vocabulary_loads_and_keeps_the_end_tokens():
+    from dspark.models.draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab
+
+    b = bundled_drafter()
+    ids = load_draft_vocab(b.path / DRAFT_VOCAB_FILE, read_config(b.path).vocab_size)
+    assert 1024 <= ids.numel() <= 16384
+    assert {0, 1, 2} <= set(ids.tolist())  # SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|>
+
+
 def test_unknown_bundled_name_lists_what_ships():
     with pytest.raises(FileNotFoundError, match=DEFAULT_DRAFTER):
         bundled_drafter("no-such-drafter")

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,14 @@ from dspark.models import cpu_linear
 from dspark.models.config import DrafterConfig, dtype_from_name
 from dspark.models.context import RequestContext
 from dspark.models.cpu_linear import weight_stationary_linears
+from dspark.models.draft_vocab import (
+    DRAFT_VOCAB_FILE,
+    DraftVocabTables,
+    check_draft_vocab,
+    expand_to_vocab,
+    load_draft_vocab,
+    save_draft_vocab,
+)
 from dspark.models.heads import MARKOV_HEADS, ConfidenceHead, MarkovSample, sample_without_markov
 from dspark.models.layers import DraftLayer, RMSNorm, Rotary
 from dspark.models.pairing import (
@@ -37,7 +46,8 @@ class DraftOutput:
     tokens ``(R, γ)`` int64; draft_logits ``(R, γ, V)`` float32 (Markov-corrected ``z``; ``q = softmax(z/T)``);
     prev_emb ``(R, γ, r)`` (``W1[x_{k-1}]``, r = 0 without a Markov head); hidden ``(R, γ, H)`` final-normed;
     base_logits ``(R, γ, V)`` (``U = lm_head(hidden)``, None unless asked); conf_logit / conf / survival
-    ``(R, γ)`` float32 (None without a confidence head).
+    ``(R, γ)`` float32 (None without a confidence head). With a draft vocabulary the logits are still over the
+    whole vocabulary, ``outside_logit`` (q = 0) at the ids outside it.
     """
 
     tokens: Tensor
@@ -49,6 +59,10 @@ class DraftOutput:
     conf: Tensor | None = None
     survival: Tensor | None = None
     markov_seconds: float = 0.0  # host time of the Markov sampling step (launch time only on CUDA)
+
+
+def _detach(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach()
 
 
 def default_target_layer_ids(num_layers: int, taps: int = 5) -> list[int]:
@@ -99,6 +113,8 @@ class DSparkDrafter(nn.Module):
         self.rotary_emb = Rotary(c.head_dim, c.rope_theta)
         self._shared: dict[str, nn.Module] = {}  # target modules aliased (not registered: not in state_dict)
         self._contexts: dict[int, RequestContext] = {}
+        self._draft_vocab: Tensor | None = None  # sorted token ids (CPU) the drafter may propose; None = all
+        self._vocab_tables_cache: tuple[tuple, DraftVocabTables] | None = None
 
     # ---- shared embedding / LM head --------------------------------------------------------------------------
     def share_target_embeddings(self, target: nn.Module, embed: bool = True, lm_head: bool = True) -> None:
@@ -139,6 +155,45 @@ class DSparkDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    # ---- draft vocabulary ------------------------------------------------------------------------------------
+    @property
+    def draft_vocab(self) -> Tensor | None:
+        """Sorted int64 token ids the drafter proposes from (None: the whole vocabulary); docs/drafter.md."""
+        return self._draft_vocab
+
+    def set_draft_vocab(self, token_ids: Tensor | Sequence[int] | None) -> None:
+        """Draft only from these token ids (None: the whole vocabulary).
+
+        ``q`` becomes the softmax over them (0 elsewhere), so the LM head and the Markov bias read V' rows
+        instead of V. Exactness is unchanged; acceptance drops by what the drafter would have drafted outside.
+
+        Raises
+        ------
+        ValueError
+            Empty, duplicate or out-of-range ids.
+        """
+        self._draft_vocab = (
+            None if token_ids is None else check_draft_vocab(token_ids, self.config.vocab_size)
+        )
+        self._vocab_tables_cache = None
+
+    def _vocab_tables(self) -> DraftVocabTables | None:
+        """The gathered rows of the draft vocabulary, rebuilt when a source weight changed (version counters)."""
+        if self._draft_vocab is None:
+            return None
+        lm = self.lm_head_weight
+        mh = self.markov_head
+        w1 = w2 = None
+        if mh is not None and mh.head_type == "vanilla":
+            w1, w2 = mh.markov_w1.weight, mh.markov_w2.weight
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in (lm, w1, w2) if t is not None)
+        cached = self._vocab_tables_cache
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                tables = DraftVocabTables(self._draft_vocab, lm.detach(), _detach(w1), _detach(w2))
+            self._vocab_tables_cache = cached = (key, tables)
+        return cached[1]
+
     @property
     def device(self) -> torch.device:
         return self.fc.weight.device
@@ -154,6 +209,7 @@ class DSparkDrafter(nn.Module):
         device: torch.device | str | None = None,
         share_target_embeddings: bool | None = None,
         tokenizer=None,
+        draft_vocab: bool | str | os.PathLike | Tensor | Sequence[int] | None = True,
     ) -> DSparkDrafter:
         """Load a DeepSpec-layout checkpoint (``config.json`` + ``model.safetensors`` or a sharded index).
 
@@ -178,11 +234,15 @@ class DSparkDrafter(nn.Module):
             (same dtype required). False: require stored copies.
         tokenizer : optional
             The target's tokenizer, checked against the vocabulary (and the checkpoint's tokenizer, if stored).
+        draft_vocab : bool, path, Tensor or sequence of int, optional
+            True (default): use the folder's ``draft_vocab.json`` when it has one. False / None: draft from the
+            whole vocabulary. A path: that file. Ids: those (see :meth:`set_draft_vocab`).
 
         Raises
         ------
         ValueError
-            Malformed checkpoint (naming the tensor) or a pairing mismatch (naming the field).
+            Malformed checkpoint (naming the tensor), malformed draft vocabulary, or a pairing mismatch (naming
+            the field).
         """
         cfg = ckpt.read_config(path)
         tensors = ckpt.read_tensors(path)
@@ -246,6 +306,13 @@ class DSparkDrafter(nn.Module):
         if target is not None:
             model.share_target_embeddings(target, embed=share["embed_tokens"], lm_head=share["lm_head"])
             model._check_runtime(target)
+        if draft_vocab is True:
+            if (Path(path) / DRAFT_VOCAB_FILE).is_file():
+                model.set_draft_vocab(load_draft_vocab(path, cfg.vocab_size))
+        elif isinstance(draft_vocab, (str, os.PathLike)):
+            model.set_draft_vocab(load_draft_vocab(draft_vocab, cfg.vocab_size))
+        elif draft_vocab is not None and draft_vocab is not False:
+            model.set_draft_vocab(draft_vocab)
         return model.eval()
 
     @classmethod
@@ -363,9 +430,14 @@ class DSparkDrafter(nn.Module):
         return out
 
     def save_pretrained(self, path: str | os.PathLike, *, include_embeddings: bool = True) -> None:
-        """Write ``config.json`` + ``model.safetensors`` in DeepSpec's layout (reloads bit-identically)."""
+        """Write ``config.json`` + ``model.safetensors`` in DeepSpec's layout (reloads bit-identically), and
+        ``draft_vocab.json`` when a draft vocabulary is set (a stale one in ``path`` is removed otherwise)."""
         self.config.dtype = self.dtype
         ckpt.write_checkpoint(path, self.config, self.checkpoint_tensors(include_embeddings))
+        if self._draft_vocab is not None:
+            save_draft_vocab(path, self._draft_vocab)
+        else:
+            (Path(path) / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
 
     # ---- per-request context --------------------------------------------------------------------------------
     def features_from_hidden_states(self, hidden_states: Sequence[Tensor]) -> Tensor:
@@ -580,19 +652,30 @@ class DSparkDrafter(nn.Module):
             if ctx is not None:
                 ctx.reserve(ctx.length + self.config.block_size)
         anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
+        vocab = self._vocab_tables()
         # fp32 CPU: few rows (γ per request) go faster transposed
         with weight_stationary_linears(self.modules()):
             hidden = self.backbone(anchors, ctxs, starts)
             if g < hidden.shape[1]:
                 hidden = hidden[:, :g].contiguous()
-            U = cpu_linear.linear(hidden, self.lm_head_weight)  # [R, g, V]
+            # [R, g, V], or [R, g, V'] over a draft vocabulary; 2-D rows: a sliced 3-D hidden can send
+            # F.linear down a batched path that copies the whole weight
+            W = self.lm_head_weight if vocab is None else vocab.lm_head
+            U = cpu_linear.linear(hidden.reshape(R * g, -1), W).view(R, g, -1)
         ids_dev = to_device(ids_t, self.device)
         t_markov = time.perf_counter()
         if self.markov_head is not None:
-            s: MarkovSample = self.markov_head.sample(U, anchors, temperature, seed, offset, hidden, ids_dev)
+            s: MarkovSample = self.markov_head.sample(
+                U, anchors, temperature, seed, offset, hidden, ids_dev, vocab=vocab
+            )
         else:  # DFlash: no Markov bias (z = U)
-            s = sample_without_markov(U, anchors, temperature, seed, offset, ids_dev)
-        out = DraftOutput(s.tokens, s.logits, s.prev_emb, hidden, U if return_base_logits else None)
+            s = sample_without_markov(U, anchors, temperature, seed, offset, ids_dev, vocab=vocab)
+        z = s.logits
+        if vocab is not None:  # the verifier takes q over the whole vocabulary: 0 outside the draft one
+            V = self.config.vocab_size
+            z = expand_to_vocab(z, vocab.token_ids, V)
+            U = expand_to_vocab(U, vocab.token_ids, V) if return_base_logits else U
+        out = DraftOutput(s.tokens, z, s.prev_emb, hidden, U if return_base_logits else None)
         out.markov_seconds = time.perf_counter() - t_markov
         if self.confidence_head is not None:
             out.conf_logit, out.conf, out.survival = self.confidence_head(

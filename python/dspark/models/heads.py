@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 import dspark.ops
+from dspark.models.draft_vocab import DraftVocabTables
 from dspark.ops.philox_draw import PURPOSE_DRAFT_SAMPLE
 
 
@@ -181,11 +182,18 @@ class MarkovHead(nn.Module):
         offset: int,
         hidden: Tensor | None = None,
         request_ids: Tensor | None = None,
+        vocab: DraftVocabTables | None = None,
     ) -> MarkovSample:
-        """Left-to-right sampling of one block (see the module docstring); ``hidden`` ``(R, gamma, H)``."""
+        """Left-to-right sampling of one block (see the module docstring); ``hidden`` ``(R, gamma, H)``.
+
+        With a draft vocabulary ``vocab`` of V' ids, ``base_logits`` is ``(R, gamma, V')`` (the LM head's rows of
+        those ids), the bias is taken at those ids, the noise is keyed by the position in the draft vocabulary,
+        and ``logits`` is ``(R, gamma, V')``; ``tokens`` are ids of the full vocabulary either way.
+        """
         R, gamma, V = base_logits.shape
         if hidden is None:
             raise ValueError(f"{type(self).__name__}.sample needs hidden (R, gamma, H)")
+        ids = None if vocab is None else vocab.check_logits(base_logits)
         sampler = _Sampler(temperature, seed, offset, request_ids, R, gamma, V, base_logits.device)
         w1 = self.markov_w1.weight
         prev = anchor.to(torch.int64)
@@ -194,8 +202,12 @@ class MarkovHead(nn.Module):
         for k in range(gamma):
             e = w1[prev]
             b, state = self.step_bias(e, hidden[:, k], state)
+            if ids is not None:
+                b = b.index_select(-1, ids)
             z = base_logits[:, k].float() + b.float()
             prev = sampler.pick(z, k)
+            if ids is not None:
+                prev = ids[prev]
             tokens.append(prev)
             logits.append(z)
             embs.append(e)
@@ -214,12 +226,17 @@ class VanillaMarkovHead(MarkovHead):
         return base_logits.float() + self.markov_w2(self.markov_w1(prev_tokens)).float()
 
     def sample(
-        self, base_logits, anchor, temperature, seed, offset, hidden=None, request_ids=None
+        self, base_logits, anchor, temperature, seed, offset, hidden=None, request_ids=None, vocab=None
     ) -> MarkovSample:
         # The fused op: bias GEMV + add + temperature + Gumbel-max per step, same keys as markov_sample_torch.
         w1, w2 = self.markov_w1.weight, self.markov_w2.weight
-        s = _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids)
-        return MarkovSample(s.tokens, s.logits, s.prev_emb.to(w1.dtype))
+        if vocab is None:
+            s = _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids)
+            return MarkovSample(s.tokens, s.logits, s.prev_emb.to(w1.dtype))
+        Vd = vocab.check_logits(base_logits).numel()
+        u, a, t1, t2 = vocab.markov_inputs(base_logits, anchor, w1, w2)
+        s = _fused_sample(u, a, t1, t2, temperature, seed, offset, request_ids)
+        return MarkovSample(vocab.token_ids[s.tokens], s.logits[..., :Vd], s.prev_emb.to(w1.dtype))
 
 
 def sample_without_markov(
@@ -229,15 +246,22 @@ def sample_without_markov(
     seed: int,
     offset: int,
     request_ids: Tensor | None = None,
+    vocab: DraftVocabTables | None = None,
 ) -> MarkovSample:
     """Draft tokens of a drafter without a Markov head (DFlash): ``z = U``, one Gumbel-max draw per slot.
 
     The fused ``markov_sample`` op with a rank-0 table: the same tokens as ``markov_sample_torch`` with empty
     weights, without materialising the ``(R, gamma, V)`` noise and index tensors. ``prev_emb`` is ``(R, gamma, 0)``.
+    With a draft vocabulary, ``base_logits`` and the returned logits are over its V' ids and the tokens are
+    mapped back to the full vocabulary.
     """
+    if vocab is not None:
+        vocab.check_logits(base_logits)
+        anchor = torch.zeros_like(anchor)  # a rank-0 table never reads it; keep it inside [0, V')
     empty = torch.empty(base_logits.shape[-1], 0, dtype=base_logits.dtype, device=base_logits.device)
     s = _fused_sample(base_logits, anchor, empty, empty, temperature, seed, offset, request_ids)
-    return MarkovSample(s.tokens, s.logits, s.prev_emb.to(base_logits.dtype))
+    tokens = s.tokens if vocab is None else vocab.token_ids[s.tokens]
+    return MarkovSample(tokens, s.logits, s.prev_emb.to(base_logits.dtype))
 
 
 def _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids) -> MarkovSample:

@@ -42,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="checkpoint drafter's dtype (default: the target's); time the dtype you will decode with",
     )
+    p.add_argument(
+        "--draft-vocab",
+        default="auto",
+        help="checkpoint drafter: draft_vocab.json to draft from ('auto': its folder's, if any; 'none': all ids)",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for CPU timing")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -119,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
             f"random (layers {args.drafter_layers}, markov_rank {args.markov_rank}, block {args.block_size})"
         )
     elif args.drafter != "none":
-        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=args.drafter_dtype)
+        vocab = {"auto": True, "none": None}.get(args.draft_vocab, args.draft_vocab)
+        drafter = DSparkDrafter.from_pretrained(
+            args.drafter, target=target, dtype=args.drafter_dtype, draft_vocab=vocab
+        )
         drafter_name = str(args.drafter)
     table = profile_costs(
         target,

@@ -307,6 +307,7 @@ def profile_costs(
             "markov_rank": c.markov_rank,
             "block_size": c.block_size,
             "target_layer_ids": list(c.target_layer_ids),
+            "draft_vocab": None if drafter.draft_vocab is None else int(drafter.draft_vocab.numel()),
         }
     meta.update(metadata or {})
     return CostTable(tuple(verify), tuple(draft), gamma, meta)

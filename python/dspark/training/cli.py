@@ -136,6 +136,20 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vocab(args: argparse.Namespace) -> int:
+    from dspark.cli import load_target
+    from dspark.models.draft_vocab import save_draft_vocab
+    from dspark.training.vocab import build_draft_vocab
+
+    target, tok = load_target(args.target)
+    vocab_size = int(target.get_output_embeddings().weight.shape[0])
+    sharegpt = None if args.sharegpt < 0 else args.sharegpt
+    ids, meta = build_draft_vocab(tok, vocab_size, args.size, sharegpt=sharegpt, data_files=args.data)
+    path = save_draft_vocab(args.out, ids, meta)
+    print(json.dumps({"file": str(path), **{k: v for k, v in meta.items() if k != "always"}}))
+    return 0
+
+
 def add_train_parser(sub) -> None:
     """Register ``dspark train`` and its stages on the top-level sub-parser object."""
     tr = sub.add_parser("train", help="train a drafter: regenerate data, cache target features, fit")
@@ -185,6 +199,16 @@ def add_train_parser(sub) -> None:
         help="target dtype while computing features (they are stored as bf16 either way)",
     )
     f.set_defaults(fn=_features)
+
+    v = st.add_parser("vocab", help="choose a draft vocabulary (the most frequent answer tokens)")
+    v.add_argument("--target", default="smollm2", help="whose tokenizer counts the texts")
+    v.add_argument("--size", type=int, default=16384, help="token ids kept (special tokens included)")
+    v.add_argument(
+        "--sharegpt", type=int, default=-1, help="ShareGPT assistant turns to count (-1: all, 0: none)"
+    )
+    v.add_argument("--data", nargs="*", default=[], help="regenerated-answer JSONL files to count")
+    v.add_argument("--out", required=True, help="folder to write draft_vocab.json into (the drafter's)")
+    v.set_defaults(fn=_vocab)
 
     t = st.add_parser("fit", help="train the drafter on cached features (torchrun for several processes)")
     t.add_argument("--target", default="smollm2")

