@@ -22,6 +22,7 @@ def test_demo_reproduces_plain_decoding(drafter_dtype, capsys):
     rows = run_demo(["Say hello."], max_new_tokens=12, drafter_dtype=drafter_dtype, show_answers=False)
     out = capsys.readouterr().out
     assert f"bundled drafter ({str(drafter_dtype).removeprefix('torch.')})" in out
+    assert "8192-id draft vocabulary" in out  # the bundled drafter drafts from its draft vocabulary
     assert len(rows) == 1 and rows[0]["identical"] and rows[0]["engine_identical"] and rows[0]["tokens"] > 0
     assert rows[0]["tau"] >= 1.0 and "speed-up" in out and "speculation" in out
     assert rows[0]["speedup"] == pytest.approx(rows[0]["dspark_tok_s"] / rows[0]["plain_tok_s"])

@@ -85,7 +85,13 @@ def run_demo(
     c = drafter.config
     print(
         f"drafter {bundle.name}: {c.num_hidden_layers} layers, block {c.block_size}, Markov rank {c.markov_rank}, "
-        f"taps {c.target_layer_ids}; planner {planner}"
+        f"taps {c.target_layer_ids}, "
+        + (
+            "whole vocabulary"
+            if drafter.draft_vocab is None
+            else f"{drafter.draft_vocab.numel()}-id draft vocabulary"
+        )
+        + f"; planner {planner}"
         + (", STS" if bundle.sts_for(0.0) else "")
         + (", SPS table" if bundle.sps else "")
     )
