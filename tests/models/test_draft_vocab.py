@@ -93,6 +93,11 @@ def test_save_then_load_round_trips_and_keeps_metadata(tmp_path):
     assert json.loads(path.read_text())["note"] == "x"
 
 
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=DRAFT_VOCAB_FILE):
+        load_draft_vocab(tmp_path, V)
+
+
 @pytest.mark.parametrize(
     "body,match",
     [
@@ -117,6 +122,7 @@ def test_top_tokens_counts_forces_and_breaks_ties_by_id():
     counts = count_tokens(lists, 12)
     expected = Counter(t for ids in lists for t in ids)
     assert counts.tolist() == [expected.get(i, 0) for i in range(12)]
+    assert count_tokens([[11, 12, -1, 40]], 12).tolist() == [0] * 11 + [1]  # out-of-range ids not counted
     # 7:4, 3:3, 9:3, 4:2, 1:1; ties (3 and 9) keep the lower id first
     assert top_tokens(counts, 2).tolist() == [3, 7]
     assert top_tokens(counts, 3).tolist() == [3, 7, 9]
@@ -126,6 +132,8 @@ def test_top_tokens_counts_forces_and_breaks_ties_by_id():
         top_tokens(counts, 0)
     with pytest.raises(ValueError, match="forced"):
         top_tokens(counts, 1, always=[1, 2])
+    with pytest.raises(ValueError, match=r"\[0, 12\)"):
+        top_tokens(counts, 3, always=[12])
 
 
 def test_expand_to_vocab_fills_outside_with_a_logit_softmax_zeroes():

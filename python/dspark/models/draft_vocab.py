@@ -73,6 +73,8 @@ def top_tokens(counts: Tensor, size: int, always: Iterable[int] = ()) -> Tensor:
     forced = sorted({int(i) for i in always})
     if len(forced) > size:
         raise ValueError(f"always: {len(forced)} forced ids do not fit in size {size}")
+    if forced and not 0 <= forced[0] <= forced[-1] < V:
+        raise ValueError(f"always: ids must be in [0, {V}), got {forced}")
     score = counts.to(torch.float64).clone()
     score[torch.as_tensor(forced, dtype=torch.int64)] = float("inf")
     # stable: equal counts keep the lower id, so the result does not depend on the sort's tie order
@@ -81,12 +83,13 @@ def top_tokens(counts: Tensor, size: int, always: Iterable[int] = ()) -> Tensor:
 
 
 def count_tokens(token_lists: Iterable[Sequence[int]], vocab_size: int) -> Tensor:
-    """``(V,)`` int64 occurrence counts over token-id lists."""
+    """``(V,)`` int64 occurrence counts over token-id lists (ids outside ``[0, V)`` are not counted)."""
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for ids in token_lists:
         if len(ids):
             t = torch.as_tensor(list(ids), dtype=torch.int64)
-            counts += torch.bincount(t.clamp(0, vocab_size - 1), minlength=vocab_size)
+            t = t[(t >= 0) & (t < vocab_size)]
+            counts += torch.bincount(t, minlength=vocab_size)
     return counts
 
 
@@ -112,10 +115,10 @@ def load_draft_vocab(path: str | os.PathLike, vocab_size: int) -> Tensor:
     p = Path(path)
     if p.is_dir():
         p = p / DRAFT_VOCAB_FILE
+    if not p.is_file():
+        raise FileNotFoundError(f"draft vocabulary: no file {p}")
     try:
         body = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise
     except (OSError, ValueError) as e:
         raise ValueError(f"draft vocabulary {p}: not readable JSON ({e})") from e
     if not isinstance(body, dict) or not isinstance(body.get("token_ids"), list):
