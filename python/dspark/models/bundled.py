@@ -6,8 +6,9 @@ Each lives in ``dspark/assets/drafters/<name>/``: a DeepSpec-layout checkpoint (
 ``sts.json`` (the confidence head's STS temperatures and offsets fitted on sampling-acceptance labels at
 temperature 1, SGLang's format plus ``biases``), ``sts-greedy.json`` (the same fitted on greedy argmax-match
 labels, for temperature-0 decoding), ``costs.json``
-(dspark's table of draft and verify cost by batch size on the machine kind it was profiled on) and ``sps.json``
-(SGLang's 1-D export of that table).
+(dspark's table of draft and verify cost by batch size on the machine kind it was profiled on), ``sps.json``
+(SGLang's 1-D export of that table) and ``draft_vocab.json`` (the token ids it drafts from, loaded by
+``DSparkDrafter.from_pretrained``; see docs/drafter.md).
 """
 
 from __future__ import annotations
