@@ -202,7 +202,7 @@ def add_train_parser(sub) -> None:
 
     v = st.add_parser("vocab", help="choose a draft vocabulary (the most frequent answer tokens)")
     v.add_argument("--target", default="smollm2", help="whose tokenizer counts the texts")
-    v.add_argument("--size", type=int, default=16384, help="token ids kept (special tokens included)")
+    v.add_argument("--size", type=int, default=8192, help="token ids kept (special tokens included)")
     v.add_argument(
         "--sharegpt", type=int, default=-1, help="ShareGPT assistant turns to count (-1: all, 0: none)"
     )

@@ -72,7 +72,8 @@ def build_draft_vocab(
         token_lists.extend([int(t) for t in row["response_ids"]] for row in read_regenerated(f))
     if not token_lists:
         raise ValueError("no texts to count: give sharegpt > 0 (or None) and/or data_files")
-    always = special_token_ids(tokenizer)
+    # special ids past V (tokens added to the tokenizer only) cannot be drafted anyway
+    always = [i for i in special_token_ids(tokenizer) if i < vocab_size]
     fit_counts = count_tokens((t for i, t in enumerate(token_lists) if i % 10 != 0), vocab_size)
     held_counts = count_tokens(token_lists[::10], vocab_size)
     held_out = coverage(top_tokens(fit_counts, size, always), held_counts)
