@@ -59,7 +59,7 @@ from dspark import DSparkDecoder, DSparkDrafter  # noqa: E402
 from dspark.cli import load_target  # noqa: E402
 from dspark.decoding.decoder import chat_token_ids  # noqa: E402
 from dspark.decoding.stats import DSparkStats  # noqa: E402
-from dspark.models.draft_vocab import load_draft_vocab  # noqa: E402
+from dspark.models.draft_vocab import draft_vocab_option, load_draft_vocab  # noqa: E402
 from dspark.training.data import read_prompt_file  # noqa: E402
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts"
@@ -703,10 +703,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ddtype = target.dtype
     drafter, drafter_name, sps, sts = resolve_drafter(args.drafter, target, tok, args.quick, ddtype)
-    if args.draft_vocab == "none":
-        drafter.set_draft_vocab(None)
-    elif args.draft_vocab != "auto":
-        drafter.set_draft_vocab(load_draft_vocab(args.draft_vocab, drafter.config.vocab_size))
+    vocab_option = draft_vocab_option(args.draft_vocab)
+    if vocab_option is not True:  # resolve_drafter loaded the folder's own
+        drafter.set_draft_vocab(
+            None if vocab_option is None else load_draft_vocab(vocab_option, drafter.config.vocab_size)
+        )
     draft_vocab = drafter.draft_vocab
     sps, sts = _optional_path(args.sps, sps), _optional_path(args.sts, sts)
     dflash = None

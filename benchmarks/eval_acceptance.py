@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dspark import DSparkDecoder, DSparkDrafter  # noqa: E402
 from dspark.cli import load_target  # noqa: E402
 from dspark.decoding.decoder import chat_token_ids  # noqa: E402
+from dspark.models.draft_vocab import draft_vocab_option  # noqa: E402
 from dspark.training.data import read_prompt_file  # noqa: E402
 
 
@@ -91,13 +92,12 @@ def main() -> None:
     drafters = {}
     for spec in args.drafter:
         name, _, path = spec.partition("=")
-        vocab = vocabs.get(name, True)
         drafters[name] = DSparkDrafter.from_pretrained(
             path,
             target=target,
             tokenizer=tok,
             dtype=args.drafter_dtype,
-            draft_vocab=None if vocab == "none" else vocab,
+            draft_vocab=draft_vocab_option(vocabs.get(name, "auto")),
         )
     sts = dict(s.split("=", 1) for s in args.sts)
     sets = {

@@ -95,6 +95,7 @@ def load_target(spec: str):
 
 def _generate(args: argparse.Namespace) -> int:
     from dspark import DSparkDecoder, DSparkDrafter
+    from dspark.models.draft_vocab import draft_vocab_option
 
     target, tok = load_target(args.target)
     if args.drafter == "random":
@@ -102,8 +103,9 @@ def _generate(args: argparse.Namespace) -> int:
             target, block_size=args.block_size or 7, num_layers=1, markov_rank=64
         )
     else:
-        vocab = {"auto": True, "none": None}.get(args.draft_vocab, args.draft_vocab)
-        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, tokenizer=tok, draft_vocab=vocab)
+        drafter = DSparkDrafter.from_pretrained(
+            args.drafter, target=target, tokenizer=tok, draft_vocab=draft_vocab_option(args.draft_vocab)
+        )
     dec = DSparkDecoder(
         target,
         drafter,

@@ -32,6 +32,12 @@ def outside_logit(dtype: torch.dtype) -> float:
     return max(OUTSIDE_LOGIT, torch.finfo(dtype).min / 2)
 
 
+def draft_vocab_option(text: str) -> bool | str | None:
+    """A command line's ``--draft-vocab`` as ``from_pretrained(draft_vocab=...)`` takes it: ``auto`` -> True (the
+    drafter folder's file, if any), ``none`` -> None (the whole vocabulary), anything else -> that file's path."""
+    return {"auto": True, "none": None}.get(text, text)
+
+
 def check_draft_vocab(token_ids: Tensor | Sequence[int], vocab_size: int, where: str = "token_ids") -> Tensor:
     """Validate a draft vocabulary; returns it as a sorted int64 CPU tensor.
 
@@ -170,6 +176,7 @@ class DraftVocabTables:
         """``(U_ext (R, γ, V'+R), anchor_ext (R,), W1_ext (V'+R, r), W2_ext (V'+R, r))`` for ``markov_sample``."""
         if self._w1_rows is None or self._w2_rows is None:
             raise ValueError("markov_inputs: these tables were built without a Markov head")
+        self.check_logits(base_logits)
         R, g, Vd = base_logits.shape
         r = self._w1_rows.shape[1]
         if self._w1_buf is None or self._w1_buf.shape[0] < Vd + R:

@@ -670,12 +670,12 @@ class DSparkDrafter(nn.Module):
             )
         else:  # DFlash: no Markov bias (z = U)
             s = sample_without_markov(U, anchors, temperature, seed, offset, ids_dev, vocab=vocab)
-        z = s.logits
+        z, base = s.logits, (U if return_base_logits else None)
         if vocab is not None:  # the verifier takes q over the whole vocabulary: 0 outside the draft one
             V = self.config.vocab_size
             z = expand_to_vocab(z, vocab.token_ids, V)
-            U = expand_to_vocab(U, vocab.token_ids, V) if return_base_logits else U
-        out = DraftOutput(s.tokens, z, s.prev_emb, hidden, U if return_base_logits else None)
+            base = None if base is None else expand_to_vocab(base, vocab.token_ids, V)
+        out = DraftOutput(s.tokens, z, s.prev_emb, hidden, base)
         out.markov_seconds = time.perf_counter() - t_markov
         if self.confidence_head is not None:
             out.conf_logit, out.conf, out.survival = self.confidence_head(

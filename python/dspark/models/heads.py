@@ -233,10 +233,9 @@ class VanillaMarkovHead(MarkovHead):
         if vocab is None:
             s = _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids)
             return MarkovSample(s.tokens, s.logits, s.prev_emb.to(w1.dtype))
-        Vd = vocab.check_logits(base_logits).numel()
         u, a, t1, t2 = vocab.markov_inputs(base_logits, anchor, w1, w2)
         s = _fused_sample(u, a, t1, t2, temperature, seed, offset, request_ids)
-        return MarkovSample(vocab.token_ids[s.tokens], s.logits[..., :Vd], s.prev_emb.to(w1.dtype))
+        return MarkovSample(vocab.token_ids[s.tokens], s.logits[..., : vocab.size], s.prev_emb.to(w1.dtype))
 
 
 def sample_without_markov(

@@ -105,6 +105,7 @@ def format_summary(table: CostTable) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``dspark profile`` with parsed arguments; returns the exit code."""
     from dspark.models import DSparkDrafter
+    from dspark.models.draft_vocab import draft_vocab_option
     from dspark.profiling.plot import save_plot
     from dspark.profiling.profiler import profile_costs
 
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             f"random (layers {args.drafter_layers}, markov_rank {args.markov_rank}, block {args.block_size})"
         )
     elif args.drafter != "none":
-        vocab = {"auto": True, "none": None}.get(args.draft_vocab, args.draft_vocab)
+        vocab = draft_vocab_option(args.draft_vocab)
         drafter = DSparkDrafter.from_pretrained(
             args.drafter, target=target, dtype=args.drafter_dtype, draft_vocab=vocab
         )
