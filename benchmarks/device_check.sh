@@ -1,50 +1,83 @@
 #!/usr/bin/env bash
 # The GPU check, run on a lent GPU machine from the repository root, as one command:
-#   1. build dspark there with CUDA kernels (the machine's own torch, nvcc, cmake, ninja);
+#   1. build dspark there with CUDA kernels (the machine's own torch, nvcc, cmake, ninja) and check that the
+#      build has them (a build without them would only skip the CUDA tests);
 #   2. pytest -m cuda (every op's CUDA result against its CPU result with the same inputs and seeds, opcheck,
-#      CUDA-graph replay);
-#   3. every microbenchmark with --device cuda;
-# writing env.txt, build.log, pytest_cuda.log, bench.md, bench.json and summary.txt under $OUT.
+#      CUDA-graph replay, the decoder's greedy output and host-sync count on CUDA);
+#   3. the per-op microbenchmarks with --device cuda, while the time budget lasts;
+#   4. compute-sanitizer memcheck over the CUDA op tests, if time is left.
+# writing env.txt, build.log, pytest_cuda.log, bench.md, bench.json, memcheck.log and summary.txt under $OUT
+# (each is written as the step runs, so a run stopped at its limit still returns what it did).
 #
 # The nvidia-cutlass wheel (headers for the CUDA build) is not on such machines; put it in .whl/ first:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0
-# and carry .whl with the command. Target: under 8 minutes on an H200.
+# and carry .whl with the command.
+#
+# Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DSPARK_CUDA_ARCHS (default 90a),
+# DSPARK_ENABLE_CUDA (default ON; OFF with BENCH_DEVICE=cpu rehearses the script on a machine without a GPU).
 set -uo pipefail
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
+BUDGET="${DEVICE_CHECK_BUDGET:-420}"
+BENCH_DEVICE="${BENCH_DEVICE:-cuda}"
 START=$(date +%s)
-say() { echo "[device_check $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+say() { echo "[device_check $(($(date +%s) - START))s] $*" | tee -a "$OUT/summary.txt"; }
 
-{ nvidia-smi; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"; } \
-  >"$OUT/env.txt" 2>&1
+{
+  nvidia-smi
+  nvcc --version | tail -2
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+} >"$OUT/env.txt" 2>&1
 if [ -d .whl ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/dspark-deps .whl/*.whl >>"$OUT/env.txt" 2>&1
   export PYTHONPATH="/tmp/dspark-deps${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-say "building (DSPARK_ENABLE_CUDA=ON, archs ${DSPARK_CUDA_ARCHS:=90a})"
-export DSPARK_CUDA_ARCHS CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-if ! DSPARK_ENABLE_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --target /tmp/dspark-site \
+say "building (DSPARK_ENABLE_CUDA=${DSPARK_ENABLE_CUDA:=ON}, archs ${DSPARK_CUDA_ARCHS:=90a})"
+export DSPARK_ENABLE_CUDA DSPARK_CUDA_ARCHS CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+rm -rf /tmp/dspark-site
+if ! "$PY" -m pip install -v --no-build-isolation --no-deps --target /tmp/dspark-site \
   -Cbuild-dir=/tmp/dspark-build . >"$OUT/build.log" 2>&1; then
-  say "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1
+  say "BUILD FAILED"
+  tail -60 "$OUT/build.log"
+  exit 1
 fi
 export PYTHONPATH="/tmp/dspark-site:$PYTHONPATH"
-"$PY" -c "import dspark; print(dspark.build_info())" | tee -a "$OUT/summary.txt"
+if ! "$PY" - "$DSPARK_ENABLE_CUDA" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"; then
+import sys
 
-say "pytest -m cuda"
-"$PY" -m pytest tests -m cuda -q -p no:cacheprovider >"$OUT/pytest_cuda.log" 2>&1
+import dspark
+
+info = dspark.build_info()
+print("build_info:", info, "| loaded from", dspark.__file__)
+assert info["cuda"] or sys.argv[1] == "OFF", "dspark was built without its CUDA kernels"
+EOF
+  say "the build has no CUDA kernels: stopping (build.log says why)"
+  exit 1
+fi
+
+say "pytest -m cuda ($(left)s left)"
+t=$(($(left) - 60)); [ "$t" -lt 30 ] && t=30
+timeout "$t" "$PY" -m pytest tests -m cuda -q -p no:cacheprovider -rfE --tb=short --durations=10 \
+  >"$OUT/pytest_cuda.log" 2>&1
 rc_test=$?
-tail -3 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
+tail -15 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
 
-say "microbenchmarks"
+say "microbenchmarks ($(left)s left)"
 mkdir -p /tmp/dspark-bench
 : >"$OUT/bench.md"
-for b in benchmarks/bench_*.py; do
-  name=$(basename "$b" .py)
-  "$PY" "$b" --device cuda --json "/tmp/dspark-bench/$name.json" >>"$OUT/bench.md" 2>&1 || say "$name FAILED"
+for name in paged_verify_attention markov_sample rejection_sample confidence plan_verify philox_draw; do
+  t=$(($(left) - 20))
+  [ "$t" -lt 15 ] && { say "no time left for bench_$name"; continue; }
+  quick=()
+  [ "$t" -lt 60 ] && quick=(--quick)
+  timeout "$t" "$PY" "benchmarks/bench_$name.py" --device "$BENCH_DEVICE" "${quick[@]}" \
+    --json "/tmp/dspark-bench/$name.json" >>"$OUT/bench.md" 2>&1 || say "bench_$name FAILED or timed out"
   echo >>"$OUT/bench.md"
 done
 "$PY" - "$OUT/bench.json" <<'PY'
@@ -52,5 +85,14 @@ import glob, json, sys
 out = {p.split("/")[-1][:-5]: json.load(open(p)) for p in sorted(glob.glob("/tmp/dspark-bench/*.json"))}
 json.dump(out, open(sys.argv[1], "w"), indent=1)
 PY
+
+t=$(($(left) - 10))
+if command -v compute-sanitizer >/dev/null && [ "$t" -gt 40 ]; then
+  say "compute-sanitizer memcheck over the CUDA op tests (${t}s)"
+  timeout "$t" compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$PY" -m pytest tests/ops -m cuda -q -x -p no:cacheprovider -k "not graph" >"$OUT/memcheck.log" 2>&1
+  say "memcheck exit $? (124: out of time)"
+  tail -5 "$OUT/memcheck.log" >>"$OUT/summary.txt"
+fi
 say "done (pytest exit $rc_test)"
 exit $rc_test
