@@ -14,8 +14,10 @@
 #   python3 -m pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0
 # and carry .whl with the command.
 #
-# Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DSPARK_CUDA_ARCHS (default 90a),
-# DSPARK_ENABLE_CUDA (default ON; OFF with BENCH_DEVICE=cpu rehearses the script on a machine without a GPU).
+# Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_BENCHES (the ops
+# to benchmark, default all six), DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default
+# "not graph"), DSPARK_CUDA_ARCHS (default 90a), DSPARK_ENABLE_CUDA (default ON; OFF with BENCH_DEVICE=cpu
+# rehearses the script on a machine without a GPU).
 set -uo pipefail
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
@@ -71,7 +73,8 @@ tail -15 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
 say "microbenchmarks ($(left)s left)"
 mkdir -p /tmp/dspark-bench
 : >"$OUT/bench.md"
-for name in paged_verify_attention markov_sample rejection_sample confidence plan_verify philox_draw; do
+BENCHES="${DEVICE_CHECK_BENCHES:-paged_verify_attention markov_sample rejection_sample confidence plan_verify philox_draw}"
+for name in $BENCHES; do
   t=$(($(left) - 20))
   [ "$t" -lt 15 ] && { say "no time left for bench_$name"; continue; }
   quick=()
@@ -90,7 +93,7 @@ t=$(($(left) - 10))
 if command -v compute-sanitizer >/dev/null && [ "$t" -gt 40 ]; then
   say "compute-sanitizer memcheck over the CUDA op tests (${t}s)"
   timeout "$t" compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-    "$PY" -m pytest tests/ops -m cuda -q -x -p no:cacheprovider -k "not graph" >"$OUT/memcheck.log" 2>&1
+    "$PY" -m pytest tests/ops -m cuda -q -x -p no:cacheprovider -k "${DEVICE_CHECK_MEMCHECK_K:-not graph}" >"$OUT/memcheck.log" 2>&1
   say "memcheck exit $? (124: out of time)"
   tail -5 "$OUT/memcheck.log" >>"$OUT/summary.txt"
 fi

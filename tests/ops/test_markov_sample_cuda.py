@@ -21,6 +21,22 @@ def test_cuda_equals_cpu(R, G, V, r, dtype):
         assert torch.equal(c, g.cpu()), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_w2_off_16_byte_alignment_equals_cpu(dtype):
+    """A W2 whose data starts one element past a 16-byte boundary takes the scalar path (the 8-wide loads
+    need the alignment); both paths match the CPU op."""
+    U, anchor, w1, w2, temp = markov_inputs(9, 5, 3000, 64, dtype, dtype, seed=4)
+    flat = torch.empty(w2.numel() + 1, dtype=dtype, device="cuda")
+    w2_gpu = flat[1:].view_as(w2)
+    w2_gpu.copy_(w2)
+    assert w2_gpu.is_contiguous() and w2_gpu.data_ptr() % 16 != 0
+    ids = torch.randint(0, 2**32, (9,))
+    cpu = dspark.ops.markov_sample(U, anchor, w1, w2, temp, 7, 3, ids)
+    gpu = dspark.ops.markov_sample(U.cuda(), anchor.cuda(), w1.cuda(), w2_gpu, temp.cuda(), 7, 3, ids.cuda())
+    for name, c, g in zip(("tokens", "draft_logits", "prev_emb"), cpu, gpu, strict=True):
+        assert torch.equal(c, g.cpu()), name
+
+
 def test_opcheck_cuda():
     args = [a.cuda() for a in markov_inputs(2, 3, 40, 4)]
     torch.library.opcheck(torch.ops.dspark.markov_sample.default, (*args, 1, 2, None))

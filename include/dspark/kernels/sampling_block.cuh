@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Block-level reductions of the sampling kernels, for blocks of exactly kSumLanes threads. BlockLaneSum
-// reproduces the CPU lane sum of include/dspark/sampling.h: thread t is lane t (it accumulated i = t,
-// t + kSumLanes, ... in increasing i) and the shared-memory tree combines lane l with lane l + s for
+// Block-level reductions of the sampling kernels, for blocks of exactly kSumLanes threads, two barriers each.
+// BlockLaneSum reproduces the CPU lane sum of include/dspark/sampling.h: thread t is lane t (it accumulated
+// i = t, t + kSumLanes, ... in increasing i) and the tree combines lane l with lane l + s for
 // s = kSumLanes/2, ..., 1 — the same additions in the same order as lane_tree.
 #pragma once
 #include <cuda_bf16.h>
@@ -28,49 +28,75 @@ __device__ __forceinline__ KeyIdx BestOf(KeyIdx a, KeyIdx b) {
 struct BlockScratch {
   float f[kSumLanes];
   int64_t i[kSumLanes];
+  float total_f;    // a reduction's result, in its own slot: the next call's writes to f / i cannot race a
+  int64_t total_i;  // slow thread still reading it (each call's first barrier orders them)
 };
 
+static_assert(kSumLanes == 256, "the reductions below are written for blocks of 8 warps");
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// The lane tree lane[l] += lane[l + h], h = 128, 64, ..., 1, with two barriers: thread l < 32 forms the
+// h = 128, 64, 32 levels of its own subtree from shared memory, and warp 0 does h = 16, ..., 1 by shuffles
+// (lane l reads lane l + h, exactly the tree's pairs; lanes >= h hold values no later level reads).
 __device__ __forceinline__ float BlockLaneSum(float lane, BlockScratch& s) {
   s.f[threadIdx.x] = lane;
   __syncthreads();
-  for (int h = kSumLanes / 2; h > 0; h >>= 1) {
-    if (threadIdx.x < h) s.f[threadIdx.x] = add_rn(s.f[threadIdx.x], s.f[threadIdx.x + h]);
-    __syncthreads();
+  if (threadIdx.x < 32) {
+    const float* f = s.f + threadIdx.x;
+    const float b0 = add_rn(add_rn(f[0], f[128]), add_rn(f[64], f[192]));
+    const float b1 = add_rn(add_rn(f[32], f[160]), add_rn(f[96], f[224]));
+    float v = add_rn(b0, b1);
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) v = add_rn(v, __shfl_down_sync(kFullMask, v, h));
+    if (threadIdx.x == 0) s.total_f = v;
   }
-  const float total = s.f[0];
   __syncthreads();
-  return total;
+  return s.total_f;
 }
 
+// Integer sum (order-free): each warp by shuffles, then warp 0 over the 8 warp sums.
 __device__ __forceinline__ int64_t BlockCount(int64_t c, BlockScratch& s) {
-  s.i[threadIdx.x] = c;
+#pragma unroll
+  for (int h = 16; h > 0; h >>= 1) c += __shfl_down_sync(kFullMask, c, h);
+  if ((threadIdx.x & 31) == 0) s.i[threadIdx.x >> 5] = c;
   __syncthreads();
-  for (int h = kSumLanes / 2; h > 0; h >>= 1) {
-    if (threadIdx.x < h) s.i[threadIdx.x] += s.i[threadIdx.x + h];
-    __syncthreads();
+  if (threadIdx.x < 32) {
+    int64_t v = threadIdx.x < kSumLanes / 32 ? s.i[threadIdx.x] : 0;
+#pragma unroll
+    for (int h = 4; h > 0; h >>= 1) v += __shfl_down_sync(kFullMask, v, h);
+    if (threadIdx.x == 0) s.total_i = v;
   }
-  const int64_t total = s.i[0];
   __syncthreads();
-  return total;
+  return s.total_i;
+}
+
+__device__ __forceinline__ KeyIdx WarpBest(KeyIdx v) {
+#pragma unroll
+  for (int h = 16; h > 0; h >>= 1) {
+    v = BestOf(v, KeyIdx{__shfl_down_sync(kFullMask, v.key, h), __shfl_down_sync(kFullMask, v.idx, h)});
+  }
+  return v;
 }
 
 // Best (key, index) of the block, ties to the lowest index; order-independent, so any tree is exact.
 __device__ __forceinline__ KeyIdx BlockBest(KeyIdx v, BlockScratch& s) {
-  s.f[threadIdx.x] = v.key;
-  s.i[threadIdx.x] = v.idx;
-  __syncthreads();
-  for (int h = kSumLanes / 2; h > 0; h >>= 1) {
-    if (threadIdx.x < h) {
-      const KeyIdx b = BestOf(KeyIdx{s.f[threadIdx.x], s.i[threadIdx.x]},
-                              KeyIdx{s.f[threadIdx.x + h], s.i[threadIdx.x + h]});
-      s.f[threadIdx.x] = b.key;
-      s.i[threadIdx.x] = b.idx;
-    }
-    __syncthreads();
+  v = WarpBest(v);
+  if ((threadIdx.x & 31) == 0) {
+    s.f[threadIdx.x >> 5] = v.key;
+    s.i[threadIdx.x >> 5] = v.idx;
   }
-  const KeyIdx out{s.f[0], s.i[0]};
   __syncthreads();
-  return out;
+  if (threadIdx.x < 32) {
+    KeyIdx w{-INFINITY, -1};
+    if (threadIdx.x < kSumLanes / 32) w = KeyIdx{s.f[threadIdx.x], s.i[threadIdx.x]};
+    w = WarpBest(w);
+    if (threadIdx.x == 0) {
+      s.total_f = w.key;
+      s.total_i = w.idx;
+    }
+  }
+  __syncthreads();
+  return KeyIdx{s.total_f, s.total_i};
 }
 
 }  // namespace dspark::kernels

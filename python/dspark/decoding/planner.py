@@ -121,10 +121,10 @@ class SpsTable:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     def tensors(self, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-        """(tokens int64, rates float64) on ``device``, as ``plan_verify`` takes them."""
+        """(tokens int64, rates float64) on ``device``, as ``plan_verify`` takes them (copied without a wait)."""
         return (
-            torch.tensor(self.sample_batch_tokens, dtype=torch.int64, device=device),
-            torch.tensor(self.sample_steps_per_sec, dtype=torch.float64, device=device),
+            to_device(self.sample_batch_tokens, device, torch.int64),
+            to_device(self.sample_steps_per_sec, device, torch.float64),
         )
 
 
