@@ -205,3 +205,90 @@ def test_sliding_window_past_the_window_is_refused():
     with pytest.raises(UnsupportedModelError, match="sliding-window"):
         a.forward([(0, [1])])
     assert a.length(0) == 8
+
+
+def _count_dense_calls(monkeypatch):
+    import dspark.models.target as target_module
+
+    calls = []
+    real = target_module.dense_prefill_attention
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return real(*args)
+
+    monkeypatch.setattr(target_module, "dense_prefill_attention", counted)
+    return calls
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dense_prefill_route_matches_hf_and_writes_the_cache_later_rounds_read(family, monkeypatch):
+    """A prefill of new requests through dense SDPA attention (the CUDA default for long prompts; forced here on
+    CPU) gives HF's logits and hidden states, and the verify rounds after it read a correct cache."""
+    calls = _count_dense_calls(monkeypatch)
+    model = tiny_model(family, seed=3)
+    ref_model = copy.deepcopy(model)
+    adapter = TargetAdapter(model, page_size=4, dense_prefill_min_rows=8)
+    rng = random.Random(f"dense-{family}")
+    V, L = model.config.vocab_size, model.config.num_hidden_layers
+    layers = [0, L - 1]
+    refs = {}
+    batch = []
+    for rid, n in enumerate([3, 17, 30]):
+        adapter.add_request(rid)
+        refs[rid] = HFRequest(ref_model)
+        batch.append(TargetInput(rid, [rng.randrange(V) for _ in range(n)], logits="all"))
+    out = adapter.forward(batch, layers=layers)
+    assert calls == [50] * L  # every layer, the whole packed batch
+    for i, it in enumerate(batch):
+        _check(out, i, *refs[it.rid].step(list(it.tokens)), layers, model)
+    # verify rounds (cached context: the paged op), one with a late request's long prefill mixed in
+    for rnd in range(3):
+        batch = [TargetInput(r, [rng.randrange(V) for _ in range(rng.randint(1, 6))]) for r in sorted(refs)]
+        if rnd == 1:
+            adapter.add_request(LATE)
+            refs[LATE] = HFRequest(ref_model)
+            batch.append(TargetInput(LATE, [rng.randrange(V) for _ in range(20)]))
+        out = adapter.forward(batch, layers=layers)
+        for i, it in enumerate(batch):
+            _check(out, i, *refs[it.rid].step(list(it.tokens)), layers, model)
+    assert len(calls) == L  # none of these was a prefill of new requests only
+    # new requests whose prompts are all shorter than the threshold keep the paged op
+    for rid in (200, 201):
+        adapter.add_request(rid)
+    adapter.forward([(200, [1, 2, 3]), (201, list(range(7)))])
+    assert len(calls) == L
+
+
+def test_dense_prefill_default_and_argument_check():
+    model = tiny_model("llama", seed=0)
+    assert TargetAdapter(model).dense_prefill_min_rows == 0  # off on CPU, where the op is not slower
+    with pytest.raises(ValueError, match="dense_prefill_min_rows"):
+        TargetAdapter(model, dense_prefill_min_rows=-1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_dense_prefill_equals_the_paged_op(dtype):
+    """On CUDA a long prefill takes SDPA by default; logits and the next verify round match the paged op's."""
+    model = tiny_model("llama", seed=4).to("cuda", dtype)
+    dense, paged = (
+        TargetAdapter(model, page_size=16),
+        TargetAdapter(model, page_size=16, dense_prefill_min_rows=0),
+    )
+    assert dense.dense_prefill_min_rows == 128
+    rng = random.Random(4)
+    prompts = {0: [rng.randrange(97) for _ in range(200)], 1: [rng.randrange(97) for _ in range(150)]}
+    drafts = {0: [5, 6, 7], 1: [8, 9]}
+    outs = []
+    for adapter in (dense, paged):
+        for rid in prompts:
+            adapter.add_request(rid)
+        pre = adapter.forward([TargetInput(r, p, logits="all") for r, p in prompts.items()])
+        ver = adapter.forward([TargetInput(r, d) for r, d in drafts.items()])
+        outs.append((pre.logits.float(), ver.logits.float()))
+        adapter.close()
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for got, want in zip(outs[0], outs[1], strict=True):
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dspark.host_sync import to_device
@@ -105,6 +106,33 @@ class _Meta:
     kv_indices: Tensor
     kv_last_page_len: Tensor
     max_kv_len: int
+    dense_qo: list[int] | None = None  # host qo_indptr when the batch is a prefill taken by dense attention
+
+
+_SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def dense_prefill_attention(
+    q: Tensor, k: Tensor, v: Tensor, qo_indptr: Sequence[int], scale: float
+) -> Tensor:
+    """Causal attention of each request's rows over its own rows, for requests whose cache was empty.
+
+    q [T, Hq, D], k / v [T, Hkv, D] (the forward's new rows, packed), qo_indptr host [R + 1] -> out [T, Hq, D].
+    What ``paged_verify_attention`` computes for such a batch, through ``F.scaled_dot_product_attention`` on the
+    contiguous rows (PyTorch's flash kernels on CUDA), one call per request.
+    """
+    out = torch.empty_like(q)
+    groups = q.shape[1] // k.shape[1]
+    for a, b in zip(qo_indptr[:-1], qo_indptr[1:], strict=True):
+        if b == a:
+            continue
+        qi, ki, vi = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))  # [1, H, n, D]
+        if groups > 1 and not _SDPA_HAS_GQA:
+            ki, vi = ki.repeat_interleave(groups, 1), vi.repeat_interleave(groups, 1)
+        kw = {"enable_gqa": True} if groups > 1 and _SDPA_HAS_GQA else {}
+        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, **kw)
+        out[a:b] = o[0].transpose(0, 1)
+    return out
 
 
 def _dspark_attention(
@@ -141,9 +169,12 @@ def _dspark_attention(
     paged_kv_append(k, v, kc, vc, meta.slot_mapping)
     q = query[0].transpose(0, 1).to(kc.dtype)  # [T, Hq, D]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    o = paged_verify_attention(
-        q, kc, vc, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, scale, True
-    )
+    if meta.dense_qo is not None:
+        o = dense_prefill_attention(q, k, v, meta.dense_qo, scale)
+    else:
+        o = paged_verify_attention(
+            q, kc, vc, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, scale, True
+        )
     return o.to(query.dtype).unsqueeze(0), None
 
 
@@ -212,6 +243,13 @@ class TargetAdapter:
         instead of ``x · Wᵀ`` (fp32 on CPU only; several times faster with MKL at 1–8 rows, see
         :mod:`dspark.models.cpu_linear`). ``None``: :func:`dspark.models.cpu_linear.default_max_rows` (0 where it
         does not pay); ``0`` turns it off. The model is unchanged outside the adapter's forwards.
+    dense_prefill_min_rows : int or None
+        A forward in which every request starts with an empty cache (a prefill of new requests) and one of
+        them brings at least this many tokens computes attention with :func:`dense_prefill_attention`
+        (``F.scaled_dot_product_attention`` on the new rows) instead of ``paged_verify_attention``; the cache is
+        written the same way. ``None``: 128 on CUDA, where the op's split-KV kernel is built for verify blocks
+        (on an H200 it took 3-7x longer than SDPA for 768-row prefills, docs/benchmarks.md), and off elsewhere;
+        ``0`` turns it off.
 
     Examples
     --------
@@ -231,10 +269,13 @@ class TargetAdapter:
         num_pages: int | None = None,
         dtype: torch.dtype | None = None,
         linear_max_rows: int | None = None,
+        dense_prefill_min_rows: int | None = None,
     ) -> None:
         check_supported(model)
         if linear_max_rows is not None and int(linear_max_rows) < 0:
             raise ValueError(f"linear_max_rows: must be >= 0 or None, got {linear_max_rows}")
+        if dense_prefill_min_rows is not None and int(dense_prefill_min_rows) < 0:
+            raise ValueError(f"dense_prefill_min_rows: must be >= 0 or None, got {dense_prefill_min_rows}")
         self.model = model
         self.linear_max_rows = None if linear_max_rows is None else int(linear_max_rows)
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -246,6 +287,9 @@ class TargetAdapter:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = dtype or param.dtype
+        if dense_prefill_min_rows is None:
+            dense_prefill_min_rows = 128 if self.device.type == "cuda" else 0
+        self.dense_prefill_min_rows = int(dense_prefill_min_rows)
         if max_pages is not None:
             num_pages = max_pages
         self.pool = PagePool(page_size, num_pages if num_pages is not None else 64, max_pages)
@@ -349,7 +393,10 @@ class TargetAdapter:
                 rows.append(self._logit_rows(it, n) + qo[-1])
                 qo.append(qo[-1] + n)
                 lo.append(lo[-1] + rows[-1].numel())
-            return self._run(items, tokens, slots, positions, rows, qo, lo, layers)
+            dense = 0 < self.dense_prefill_min_rows <= max(
+                (t.numel() for t in tokens), default=0
+            ) and not any(old_len.values())
+            return self._run(items, tokens, slots, positions, rows, qo, lo, layers, dense)
         except BaseException:
             for rid, n in old_len.items():
                 self.pool.truncate(rid, n)
@@ -386,7 +433,7 @@ class TargetAdapter:
             for i, c in enumerate(caches):
                 caches[i] = torch.cat([c, c.new_zeros(extra)])
 
-    def _run(self, items, tokens, slots, positions, rows, qo, lo, layers) -> TargetOutput:
+    def _run(self, items, tokens, slots, positions, rows, qo, lo, layers, dense) -> TargetOutput:
         self._grow_caches()
         dev = self.device
         rids = [it.rid for it in items]
@@ -400,6 +447,7 @@ class TargetAdapter:
             kv_indices=index.kv_indices,
             kv_last_page_len=index.kv_last_page_len,
             max_kv_len=max((self.pool.length(r) for r in rids), default=0),
+            dense_qo=qo if dense else None,
         )
         captured: dict[int, Tensor] = {}
         handles = []
