@@ -273,22 +273,19 @@ def test_dense_prefill_default_and_argument_check():
 def test_cuda_dense_prefill_equals_the_paged_op(dtype):
     """On CUDA a long prefill takes SDPA by default; logits and the next verify round match the paged op's."""
     model = tiny_model("llama", seed=4).to("cuda", dtype)
-    dense, paged = (
-        TargetAdapter(model, page_size=16),
-        TargetAdapter(model, page_size=16, dense_prefill_min_rows=0),
-    )
-    assert dense.dense_prefill_min_rows == 128
     rng = random.Random(4)
     prompts = {0: [rng.randrange(97) for _ in range(200)], 1: [rng.randrange(97) for _ in range(150)]}
     drafts = {0: [5, 6, 7], 1: [8, 9]}
     outs = []
-    for adapter in (dense, paged):
+    for min_rows in (None, 0):  # one adapter at a time: close() restores the model's attention
+        adapter = TargetAdapter(model, page_size=16, dense_prefill_min_rows=min_rows)
+        assert adapter.dense_prefill_min_rows == (128 if min_rows is None else 0)
         for rid in prompts:
             adapter.add_request(rid)
         pre = adapter.forward([TargetInput(r, p, logits="all") for r, p in prompts.items()])
         ver = adapter.forward([TargetInput(r, d) for r, d in drafts.items()])
         outs.append((pre.logits.float(), ver.logits.float()))
         adapter.close()
-    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
     for got, want in zip(outs[0], outs[1], strict=True):
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
