@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dspark/kernels/sampling_block.cuh"
 
@@ -29,22 +30,17 @@ __device__ __forceinline__ void Load8(const float* p, float (&v)[8]) {
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-__device__ __forceinline__ void Load8(const __nv_bfloat16* p, float (&v)[8]) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
-    v[2 * k] = f.x, v[2 * k + 1] = f.y;
-  }
-}
+__device__ __forceinline__ float2 PairToFloat2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 PairToFloat2(__half2 h) { return __half22float2(h); }
 
-__device__ __forceinline__ void Load8(const __half* p, float (&v)[8]) {
+template <typename T>  // __nv_bfloat16 or __half: one 16-byte load of four pairs
+__device__ __forceinline__ void Load8(const T* p, float (&v)[8]) {
+  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+  const Pair* h = reinterpret_cast<const Pair*>(&raw);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float2 f = __half22float2(h[k]);
+    const float2 f = PairToFloat2(h[k]);
     v[2 * k] = f.x, v[2 * k + 1] = f.y;
   }
 }
