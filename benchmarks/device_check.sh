@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, run on a lent GPU machine from the repository root, as one command:
+# The GPU check, run on a machine with a CUDA GPU from the repository root, as one command:
 #   1. build dspark there with CUDA kernels (the machine's own torch, nvcc, cmake, ninja) and check that the
 #      build has them (a build without them would only skip the CUDA tests);
 #   2. pytest -m cuda (every op's CUDA result against its CPU result with the same inputs and seeds, opcheck,
