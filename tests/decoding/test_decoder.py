@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """DSparkDecoder: greedy output equals the target's own greedy decoding; state after rejections; errors."""
 
+import copy
+
 import pytest
 import torch
 
-from dspark import DSparkDecoder, SpsTable
+from dspark import DSparkDecoder, DSparkDrafter, SpsTable
 from tests.decoding.toy_models import markov_chain_target, markov_drafter, random_drafter, tiny_target
 
 MODES = ["full", "threshold", "early_stop", "lagged_topk"]
@@ -126,6 +128,56 @@ def test_state_after_rejections_matches_a_fresh_prefill():
         dec.close()
     assert CheckingDecoder.checks > 5
     assert out.stats.rejected_drafts > 0  # the random drafter is rejected often
+
+
+class ContextCheckingDecoder(DSparkDecoder):
+    """Before a request is released: its drafter context equals one built from HF's hidden states of the
+    committed tokens (the tapped features as ``features_from_hidden_states`` reads them)."""
+
+    checks = 0
+    reference = None  # a copy of the target with its own attention (the decoder switches the target's)
+
+    def _release(self, r):
+        ctx = self.drafter._contexts.get(r.rid)
+        if ctx is not None and ctx.length:
+            tokens = (r.prompt + r.generated)[: ctx.length]
+            with torch.no_grad():
+                hs = self.reference(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states
+            fresh_id = 10_000 + r.rid
+            self.drafter.append_context([fresh_id], [self.drafter.features_from_hidden_states(hs)[0]])
+            fresh = self.drafter._contexts[fresh_id]
+            n = ctx.length
+            torch.testing.assert_close(ctx.k[:, :n], fresh.k[:, :n], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(ctx.v[:, :n], fresh.v[:, :n], atol=1e-4, rtol=1e-4)
+            self.drafter.finish(fresh_id)
+            type(self).checks += 1
+        super()._release(r)
+
+
+@pytest.mark.parametrize("taps", ["default", "with_embeddings"])
+def test_drafter_context_is_built_from_the_tapped_layers(taps):
+    target = tiny_target("llama", seed=7)
+    L = target.config.num_hidden_layers
+    torch.manual_seed(2)
+    drafter = DSparkDrafter.from_config(
+        target,
+        block_size=4,
+        num_layers=1,
+        target_layer_ids=[0, L - 2] if taps == "default" else [-1, 0, L - 2],
+        markov_rank=8,
+        initializer_range=0.2,
+    ).eval()
+    prompts = prompts_of([6, 11], 96, seed=7)
+    want = [hf_greedy(target, p, 10) for p in prompts]
+    ContextCheckingDecoder.checks = 0
+    ContextCheckingDecoder.reference = copy.deepcopy(target)
+    dec = ContextCheckingDecoder(target, drafter, planner="full", max_batch_size=2)
+    try:
+        out = dec.generate(prompts, max_new_tokens=10, temperature=0.0, eos_token_id=[])
+    finally:
+        dec.close()
+    assert out.sequences == want
+    assert ContextCheckingDecoder.checks == len(prompts)
 
 
 def test_stream_yields_committed_tokens_in_order():

@@ -289,3 +289,20 @@ def test_cuda_dense_prefill_equals_the_paged_op(dtype):
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     for got, want in zip(outs[0], outs[1], strict=True):
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_embedding_tap_minus_one_is_hf_hidden_states_0(family):
+    """Layer -1 (DeepSpec's embedding tap) is HF's hidden_states[0], in a prefill and in a later verify step."""
+    model = tiny_model(family, seed=6)
+    ref = HFRequest(copy.deepcopy(model))
+    adapter = TargetAdapter(model, page_size=4)
+    adapter.add_request("a")
+    L = model.config.num_hidden_layers
+    for tokens in ([3, 1, 4, 1, 5, 9, 2, 6], [5, 3]):
+        out = adapter.forward([("a", tokens, "all")], layers=[-1, 1])
+        _check(out, 0, *ref.step(tokens), [-1, 1], model)
+    with pytest.raises(ValueError, match=r"outside \[-1, 3\)"):
+        adapter.forward([("a", [1])], layers=[-2])
+    with pytest.raises(ValueError, match="outside"):
+        adapter.forward([("a", [1])], layers=[L])

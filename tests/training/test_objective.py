@@ -61,6 +61,17 @@ def test_target_features_match_hf_hidden_states(pair):
     torch.testing.assert_close(F.linear(last, t.lm_head.weight), out.logits[0], atol=1e-5, rtol=1e-5)
 
 
+def test_target_features_embedding_tap_and_bad_layer_ids(pair):
+    t, _ = pair
+    ids = _seq(9, seed=4)
+    feats, _ = target_features(t, ids, [-1, 2])  # -1: the embedding output, HF's hidden_states[0]
+    out = t(input_ids=ids.view(1, -1), output_hidden_states=True)
+    torch.testing.assert_close(feats, torch.cat([out.hidden_states[0][0], out.hidden_states[3][0]], -1))
+    for bad in ([-2, 1], [1, 4]):  # the target has 4 layers
+        with pytest.raises(ValueError, match="layer_ids"):
+            target_features(t, ids, bad)
+
+
 @torch.no_grad()
 def test_loss_terms_match_direct_computation(pair):
     t, d = pair

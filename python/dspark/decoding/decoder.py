@@ -247,12 +247,7 @@ class DSparkDecoder:
         sts_t, sts_b = _load_sts(sts, max(gamma, 1))  # on the device once, not copied every round
         self.sts = None if sts_t is None else sts_t.to(self.adapter.device)
         self.sts_bias = None if sts_b is None else sts_b.to(self.adapter.device)
-        self.taps = list(drafter.config.target_layer_ids)
-        if any(t < 0 for t in self.taps):
-            raise NotImplementedError(
-                "target_layer_ids: tapping the embeddings (-1) is not supported by the decoder yet; "
-                f"got {self.taps}"
-            )
+        self.taps = list(drafter.config.target_layer_ids)  # -1: the embedding output (TargetAdapter taps it)
         self.stats = DSparkStats(gamma=gamma)
         self._offset = 0
         self.adaptive_slots = bool(adaptive_slots)

@@ -191,6 +191,30 @@ def register_dspark_attention() -> None:
     AttentionMaskInterface.register(ATTN_NAME, _no_dense_mask)
 
 
+def tap_layers(layers: nn.ModuleList, layer_ids: Sequence[int], store: Any) -> list:
+    """Hooks that call ``store(layer_id, hidden [B, T, H])`` during a forward, for each tapped layer.
+
+    Layer ``l >= 0`` is the output of decoder layer ``l`` (HF's ``hidden_states[l + 1]``); ``-1`` is the input of
+    decoder layer 0, i.e. the embedding output (HF's ``hidden_states[0]``, DeepSpec's ``-1``). Returns the hook
+    handles (``.remove()`` each when done).
+    """
+    handles = []
+    for layer in layer_ids:
+        if layer == -1:
+
+            def pre(_mod, args, kwargs):
+                store(-1, args[0] if args else kwargs["hidden_states"])
+
+            handles.append(layers[0].register_forward_pre_hook(pre, with_kwargs=True))
+        else:
+
+            def post(_mod, _args, output, layer=layer):
+                store(layer, output[0] if isinstance(output, tuple) else output)
+
+            handles.append(layers[layer].register_forward_hook(post))
+    return handles
+
+
 def _decoder_layers(model: nn.Module) -> nn.ModuleList | None:
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
@@ -347,7 +371,8 @@ class TargetAdapter:
         batch : sequence of TargetInput or tuples ``(rid, tokens[, logits[, positions]])``
             One entry per request (distinct ``rid``); prefill and verify entries may be mixed.
         layers : sequence of int
-            Decoder layers whose raw outputs to return (layer ``l`` is HF's ``hidden_states[l + 1]``).
+            Decoder layers whose raw outputs to return (layer ``l`` is HF's ``hidden_states[l + 1]``; ``-1`` is
+            the embedding output, HF's ``hidden_states[0]``).
 
         Returns
         -------
@@ -364,8 +389,10 @@ class TargetAdapter:
         if len(set(rids)) != len(rids):
             raise ValueError("TargetAdapter.forward: a request appears twice in the batch")
         for layer in layers:
-            if not 0 <= layer < self.num_layers:
-                raise ValueError(f"TargetAdapter.forward: layer {layer} outside [0, {self.num_layers})")
+            if not -1 <= layer < self.num_layers:
+                raise ValueError(
+                    f"TargetAdapter.forward: layer {layer} outside [-1, {self.num_layers}) (-1: the embeddings)"
+                )
         old_len = {rid: self.pool.length(rid) for rid in rids}
         tokens = [torch.as_tensor(it.tokens, dtype=torch.long).reshape(-1) for it in items]
         slots, positions, rows, qo, lo = [], [], [], [0], [0]
@@ -450,14 +477,9 @@ class TargetAdapter:
             dense_qo=qo if dense else None,
         )
         captured: dict[int, Tensor] = {}
-        handles = []
-        for layer in sorted(set(layers)):
-
-            def hook(_mod, _args, output, layer=layer):
-                out = output[0] if isinstance(output, tuple) else output
-                captured[layer] = out[0]
-
-            handles.append(self._layers[layer].register_forward_hook(hook))
+        handles = tap_layers(
+            self._layers, sorted(set(layers)), lambda layer, h: captured.__setitem__(layer, h[0])
+        )
         try:
             with weight_stationary_linears(self._linears, self.linear_max_rows):
                 out = self.model(

@@ -49,21 +49,22 @@ def target_features(
 ) -> tuple[Tensor, Tensor]:
     """``(features [S, m*H], last_hidden [S, H])`` of one sequence (one plain HF forward, no cache).
 
-    ``layer_ids`` are 0-based decoder layer indices (layer ``i`` is HF's ``hidden_states[i + 1]``).
+    ``layer_ids`` are 0-based decoder layer indices (layer ``i`` is HF's ``hidden_states[i + 1]``) or ``-1``, the
+    embedding output (``hidden_states[0]``), as the serving path (:class:`dspark.models.target.TargetAdapter`) taps
+    them.
     """
-    from dspark.models.target import _decoder_layers
+    from dspark.models.target import _decoder_layers, tap_layers
 
     ids = torch.as_tensor(input_ids, dtype=torch.int64).view(1, -1).to(next(target.parameters()).device)
     layers = _decoder_layers(target)
     if layers is None:
         raise ValueError(f"target: {type(target).__name__} has no decoder layer list to tap")
+    bad = [i for i in layer_ids if not -1 <= i < len(layers)]
+    if bad:
+        raise ValueError(f"layer_ids: {bad} outside [-1, {len(layers)}) (-1: the embedding output)")
     captured: dict[object, Tensor] = {}
-
-    def keep(key):
-        return lambda m, i, o: captured.__setitem__(key, o[0] if isinstance(o, tuple) else o)
-
-    hooks = [layers[i].register_forward_hook(keep(i)) for i in layer_ids]
-    hooks.append(_final_norm(target).register_forward_hook(keep("last")))
+    hooks = tap_layers(layers, sorted(set(layer_ids)), captured.__setitem__)
+    hooks.append(_final_norm(target).register_forward_hook(lambda m, i, o: captured.__setitem__("last", o)))
     try:
         target.model(input_ids=ids, use_cache=False)
     finally:
