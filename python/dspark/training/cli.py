@@ -188,7 +188,13 @@ def add_train_parser(sub) -> None:
     f.add_argument("--target", default="smollm2")
     f.add_argument("--data", required=True, help="the regenerate stage's JSONL")
     f.add_argument("--out", required=True)
-    f.add_argument("--layers", type=_csv_ints, default=None, help="target layer ids (default: 5 spread taps)")
+    f.add_argument(
+        "--layers",
+        type=_csv_ints,
+        default=None,
+        help="target layer ids, comma-separated; -1 is the embedding output (write --layers=-1,8,14 when the "
+        "list starts with it); default: 5 spread taps",
+    )
     f.add_argument("--taps", type=int, default=5)
     f.add_argument("--shard-size", type=int, default=128)
     f.add_argument("--limit", type=int, default=None)
