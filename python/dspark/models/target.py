@@ -272,8 +272,9 @@ class TargetAdapter:
         them brings at least this many tokens computes attention with :func:`dense_prefill_attention`
         (``F.scaled_dot_product_attention`` on the new rows) instead of ``paged_verify_attention``; the cache is
         written the same way. ``None``: 128 on CUDA, where the op's split-KV kernel is built for verify blocks
-        (on an H200 it took 3-7x longer than SDPA for 768-row prefills, docs/benchmarks.md), and off elsewhere;
-        ``0`` turns it off.
+        (on an H200 it took 3-7x longer than SDPA for 768-row prefills, docs/benchmarks.md; where between its
+        fast 16-row verify blocks and 768 rows the two cross has not been measured), and off elsewhere; ``0``
+        turns it off.
 
     Examples
     --------
