@@ -59,7 +59,11 @@ from dspark import DSparkDecoder, DSparkDrafter  # noqa: E402
 from dspark.cli import load_target  # noqa: E402
 from dspark.decoding.decoder import chat_token_ids  # noqa: E402
 from dspark.decoding.stats import DSparkStats  # noqa: E402
-from dspark.models.draft_vocab import draft_vocab_option, load_draft_vocab  # noqa: E402
+from dspark.models.draft_vocab import (  # noqa: E402
+    add_draft_vocab_argument,
+    draft_vocab_option,
+    resolve_draft_vocab,
+)
 from dspark.training.data import read_prompt_file  # noqa: E402
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts"
@@ -600,11 +604,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="DSpark planners to run",
     )
     ap.add_argument("--block-size", type=int, default=None, help="drafts per round (default: the drafter's)")
-    ap.add_argument(
-        "--draft-vocab",
-        default="auto",
-        help="draft_vocab.json for the drafter ('auto': its folder's, if any; 'none': the whole vocabulary)",
-    )
+    add_draft_vocab_argument(ap)
     ap.add_argument(
         "--also-whole-vocab",
         action="store_true",
@@ -705,9 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter, drafter_name, sps, sts = resolve_drafter(args.drafter, target, tok, args.quick, ddtype)
     vocab_option = draft_vocab_option(args.draft_vocab)
     if vocab_option is not True:  # resolve_drafter loaded the folder's own
-        drafter.set_draft_vocab(
-            None if vocab_option is None else load_draft_vocab(vocab_option, drafter.config.vocab_size)
-        )
+        drafter.set_draft_vocab(resolve_draft_vocab(vocab_option, None, drafter.config.vocab_size))
     draft_vocab = drafter.draft_vocab
     sps, sts = _optional_path(args.sps, sps), _optional_path(args.sts, sts)
     dflash = None

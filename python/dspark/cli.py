@@ -9,6 +9,8 @@ import sys
 
 import torch
 
+from dspark.models.draft_vocab import add_draft_vocab_argument, draft_vocab_option
+
 
 def _info(_: argparse.Namespace) -> int:
     import dspark
@@ -95,7 +97,6 @@ def load_target(spec: str):
 
 def _generate(args: argparse.Namespace) -> int:
     from dspark import DSparkDecoder, DSparkDrafter
-    from dspark.models.draft_vocab import draft_vocab_option
 
     target, tok = load_target(args.target)
     if args.drafter == "random":
@@ -183,11 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sts", default=None, help="STS JSON of the confidence head (dspark calibrate's or SGLang's)"
     )
     g.add_argument("--block-size", type=int, default=None)
-    g.add_argument(
-        "--draft-vocab",
-        default="auto",
-        help="draft_vocab.json to draft from; 'auto': the drafter folder's, if any; 'none': the whole vocabulary",
-    )
+    add_draft_vocab_argument(g)
     g.add_argument("--no-speculation", action="store_true", help="plain decoding through the same engine")
     g.set_defaults(fn=_generate)
     from dspark.training.cli import add_train_parser

@@ -38,6 +38,34 @@ def draft_vocab_option(text: str) -> bool | str | None:
     return {"auto": True, "none": None}.get(text, text)
 
 
+def add_draft_vocab_argument(parser) -> None:
+    """``--draft-vocab`` (read it with :func:`draft_vocab_option`)."""
+    parser.add_argument(
+        "--draft-vocab",
+        default="auto",
+        help="draft_vocab.json to draft from ('auto': the drafter folder's, if any; 'none': the whole vocabulary)",
+    )
+
+
+def resolve_draft_vocab(
+    option: bool | str | os.PathLike | Tensor | Sequence[int] | None,
+    folder: str | os.PathLike | None,
+    vocab_size: int,
+) -> Tensor | Sequence[int] | None:
+    """``from_pretrained``'s ``draft_vocab`` argument as ids (None: the whole vocabulary).
+
+    True: ``folder``'s ``draft_vocab.json`` if it has one; False / None: none; a path: that file; ids: those.
+    """
+    if option is True:
+        has = folder is not None and (Path(folder) / DRAFT_VOCAB_FILE).is_file()
+        return load_draft_vocab(folder, vocab_size) if has else None
+    if option is None or option is False:
+        return None
+    if isinstance(option, (str, os.PathLike)):
+        return load_draft_vocab(option, vocab_size)
+    return option
+
+
 def check_draft_vocab(token_ids: Tensor | Sequence[int], vocab_size: int, where: str = "token_ids") -> Tensor:
     """Validate a draft vocabulary; returns it as a sorted int64 CPU tensor.
 

@@ -25,7 +25,7 @@ from dspark.models.draft_vocab import (
     DraftVocabTables,
     check_draft_vocab,
     expand_to_vocab,
-    load_draft_vocab,
+    resolve_draft_vocab,
     save_draft_vocab,
 )
 from dspark.models.heads import MARKOV_HEADS, ConfidenceHead, MarkovSample, sample_without_markov
@@ -306,13 +306,7 @@ class DSparkDrafter(nn.Module):
         if target is not None:
             model.share_target_embeddings(target, embed=share["embed_tokens"], lm_head=share["lm_head"])
             model._check_runtime(target)
-        if draft_vocab is True:
-            if (Path(path) / DRAFT_VOCAB_FILE).is_file():
-                model.set_draft_vocab(load_draft_vocab(path, cfg.vocab_size))
-        elif isinstance(draft_vocab, (str, os.PathLike)):
-            model.set_draft_vocab(load_draft_vocab(draft_vocab, cfg.vocab_size))
-        elif draft_vocab is not None and draft_vocab is not False:
-            model.set_draft_vocab(draft_vocab)
+        model.set_draft_vocab(resolve_draft_vocab(draft_vocab, path, cfg.vocab_size))
         return model.eval()
 
     @classmethod

@@ -109,9 +109,6 @@ class _Meta:
     dense_qo: list[int] | None = None  # host qo_indptr when the batch is a prefill taken by dense attention
 
 
-_SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
-
-
 def dense_prefill_attention(
     q: Tensor, k: Tensor, v: Tensor, qo_indptr: Sequence[int], scale: float
 ) -> Tensor:
@@ -122,15 +119,11 @@ def dense_prefill_attention(
     contiguous rows (PyTorch's flash kernels on CUDA), one call per request.
     """
     out = torch.empty_like(q)
-    groups = q.shape[1] // k.shape[1]
     for a, b in zip(qo_indptr[:-1], qo_indptr[1:], strict=True):
         if b == a:
             continue
         qi, ki, vi = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))  # [1, H, n, D]
-        if groups > 1 and not _SDPA_HAS_GQA:
-            ki, vi = ki.repeat_interleave(groups, 1), vi.repeat_interleave(groups, 1)
-        kw = {"enable_gqa": True} if groups > 1 and _SDPA_HAS_GQA else {}
-        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, **kw)
+        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
         out[a:b] = o[0].transpose(0, 1)
     return out
 

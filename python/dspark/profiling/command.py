@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.models.draft_vocab import add_draft_vocab_argument, draft_vocab_option
 from dspark.profiling.table import CostTable
 
 COSTS_JSON = "costs.json"
@@ -42,11 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="checkpoint drafter's dtype (default: the target's); time the dtype you will decode with",
     )
-    p.add_argument(
-        "--draft-vocab",
-        default="auto",
-        help="checkpoint drafter: draft_vocab.json to draft from ('auto': its folder's, if any; 'none': all ids)",
-    )
+    add_draft_vocab_argument(p)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for CPU timing")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -105,7 +102,6 @@ def format_summary(table: CostTable) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``dspark profile`` with parsed arguments; returns the exit code."""
     from dspark.models import DSparkDrafter
-    from dspark.models.draft_vocab import draft_vocab_option
     from dspark.profiling.plot import save_plot
     from dspark.profiling.profiler import profile_costs
 
