@@ -12,10 +12,12 @@ import torch.nn.functional as F
 from dspark.training.features import target_features
 from dspark.training.objective import (
     LossWeights,
+    _compiled_terms,
     _compiled_vocab_terms,
     block_hidden,
     block_loss,
     cosine_lr,
+    draft_vocab_terms,
     sample_anchors,
     tau_estimate,
     vocab_terms,
@@ -119,6 +121,93 @@ def test_loss_terms_match_direct_computation(pair):
     total = (w.ce * num["ce"] + w.l1 * num["l1"] + w.kl * num["kl"] + w.conf * num["bce"]) / den
     assert lo.loss.item() == pytest.approx(total, rel=1e-4)
     assert lo.counted.tolist() == [3, 3, 3, 2]
+
+
+@torch.no_grad()
+def test_draft_vocab_loss_terms_match_direct_computation(pair):
+    """With draft ids D: q is a softmax over D, L1 is the distance to the full p, CE skips labels outside D."""
+    t, d = pair
+    S, g = 22, d.config.block_size
+    ids = _seq(S, seed=5)
+    mask = torch.zeros(S, dtype=torch.bool)
+    mask[5:] = True
+    feats, last = target_features(t, ids, d.config.target_layer_ids)
+    anchors = torch.tensor([5, 9, 14, 19])
+    labels_seen = set(ids[6:].tolist())
+    outside = sorted(labels_seen)[::3]  # some labels fall outside D, so CE must skip them
+    dv = torch.tensor([v for v in range(96) if v not in outside])
+    w = LossWeights(kl=0.5)
+    lo = block_loss(d, feats, last, ids, mask, anchors, w, draft_ids=dv)
+    hidden = block_hidden(d, feats, ids, anchors)
+    W = t.lm_head.weight
+    in_d = torch.zeros(96, dtype=torch.bool)
+    in_d[dv] = True
+    num = {"ce": 0.0, "l1": 0.0, "bce": 0.0, "kl": 0.0}
+    den = den_ce = 0.0
+    skipped = 0
+    for i, a in enumerate(anchors.tolist()):
+        prev = int(ids[a])
+        for j in range(g):
+            lab = a + 1 + j
+            if lab >= S:
+                break
+            e = d.markov_head.markov_w1.weight[prev]
+            z = hidden[i, j] @ W.T + d.markov_head.markov_w2.weight @ e
+            q = torch.zeros(96)
+            q[in_d] = torch.softmax(z[in_d], -1)  # what serving draws from with this draft vocabulary
+            p = torch.softmax(last[a + j] @ W.T, -1)
+            l1 = float((q - p).abs().sum())
+            kl = sum(float(p[v]) * math.log(float(p[v]) / float(q[v])) for v in dv.tolist())
+            c = float(d.confidence_head.proj(torch.cat([hidden[i, j], e]))[0])
+            y = min(max(1 - 0.5 * l1, 0.0), 1.0)
+            bce = -(y * math.log(1 / (1 + math.exp(-c))) + (1 - y) * math.log(1 - 1 / (1 + math.exp(-c))))
+            wj = math.exp(-j / w.decay)
+            if in_d[ids[lab]]:
+                num["ce"] += wj * -math.log(float(q[ids[lab]]))
+                den_ce += wj
+            else:
+                skipped += 1
+            num["l1"] += wj * l1
+            num["kl"] += wj * kl
+            num["bce"] += wj * bce
+            den += wj
+            prev = int(ids[lab])
+    assert skipped > 0
+    assert lo.ce.item() == pytest.approx(num["ce"] / den_ce, rel=1e-4)
+    for k in ("l1", "kl", "bce"):
+        assert getattr(lo, k).item() == pytest.approx(num[k] / den, rel=1e-4), k
+    # the cached fp32 normaliser (FeatureCache's p_lse) gives the same loss without the whole-vocabulary product
+    lse = torch.logsumexp(last @ W.T, -1)
+    lse[:5] = float("nan")  # prompt rows: never read
+    cached = block_loss(d, feats, last, ids, mask, anchors, w, draft_ids=dv, p_lse=lse)
+    for k in ("loss", "ce", "l1", "kl", "bce"):
+        torch.testing.assert_close(getattr(cached, k), getattr(lo, k), atol=1e-5, rtol=1e-5)
+    # the whole vocabulary as D gives the plain loss
+    full = block_loss(d, feats, last, ids, mask, anchors, w)
+    every = block_loss(d, feats, last, ids, mask, anchors, w, draft_ids=torch.arange(96))
+    for k in ("loss", "ce", "l1", "kl", "bce"):
+        torch.testing.assert_close(getattr(every, k), getattr(full, k), atol=1e-5, rtol=1e-5)
+
+
+def test_draft_vocab_terms_equal_full_terms_of_the_zero_extended_q():
+    """draft_vocab_terms' L1 / CE are vocab_terms' for the same q put on the whole vocabulary (0 outside D)."""
+    gen = torch.Generator().manual_seed(2)
+    V, A = 64, 3
+    dv = torch.randperm(V, generator=gen)[:40].sort().values
+    z = torch.randn(A, 4, dv.numel(), generator=gen, requires_grad=True)
+    bias = torch.randn(A, 4, dv.numel(), generator=gen, requires_grad=True)
+    p_full = torch.randn(A, 4, V, generator=gen) * 3
+    lab = torch.randint(0, dv.numel(), (A, 4), generator=gen)
+    got = draft_vocab_terms(z, bias, p_full[..., dv], torch.logsumexp(p_full, -1), lab)
+    z_full = torch.full((A, 4, V), -1e4).index_copy(-1, dv, (z + bias).detach())
+    ref = vocab_terms(z_full, None, p_full, dv[lab])
+    torch.testing.assert_close(got[0], ref[0])
+    torch.testing.assert_close(got[1], ref[1])
+    comp = _compiled_terms(draft_vocab_terms)(z, bias, p_full[..., dv], torch.logsumexp(p_full, -1), lab)
+    ge = torch.autograd.grad(sum(x.sum() for x in got), (z, bias))
+    gc = torch.autograd.grad(sum(x.sum() for x in comp), (z, bias))
+    for a, b in zip(got + ge, comp + gc, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_anchor_sampling_respects_mask_and_count():

@@ -56,6 +56,11 @@ def test_feature_cache_round_trip_and_resume(tmp_path):
     f, last = target_features(t, ids, d.config.target_layer_ids)
     torch.testing.assert_close(s.features.float(), f, atol=0.05, rtol=0.02)  # bf16 storage
     torch.testing.assert_close(s.last_hidden.float(), last, atol=0.05, rtol=0.02)
+    # p_lse: the fp32 log-normaliser of the stored hidden's logits at response rows, NaN at prompt rows
+    n_prompt = len(rows[7]["prompt_ids"])
+    ref_lse = torch.logsumexp(s.last_hidden.float() @ t.lm_head.weight.float().T, -1)
+    assert s.p_lse.dtype == torch.float32 and s.p_lse[:n_prompt].isnan().all()
+    torch.testing.assert_close(s.p_lse[n_prompt:], ref_lse[n_prompt:])
     # building again with more rows only adds the new ones
     more = _rows(15)
     cache2 = FeatureCache.build(
@@ -90,6 +95,25 @@ def test_training_lowers_loss_and_resume_matches_unbroken_run(tmp_path):
         torch.testing.assert_close(v, final_a[k], msg=k)
     lines = [json.loads(x) for x in (tmp_path / "run_a" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [3, 6, 9, 12] and len(lines[0]["accept"]) == 4
+
+
+def test_training_over_a_draft_vocabulary_saves_it_with_the_drafter(tmp_path):
+    t, d, cache = _setup(tmp_path)
+    dv = list(range(0, 96, 2))  # the repetitive responses use odd ids too: CE skips those labels
+    cfg = TrainConfig(
+        steps=4, batch_seqs=2, num_anchors=8, lr=3e-3, log_every=2, save_every=4, draft_vocab=dv
+    )
+    logs = train(d, cache, cfg, tmp_path / "run", progress=False)
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["ce"]) for r in logs)
+    loaded = DSparkDrafter.from_pretrained(tmp_path / "run" / "checkpoint-4", target=t)
+    assert loaded.draft_vocab.tolist() == dv
+    s = cache[0]
+    loaded.append_context([0], [s.features[:5].float()])
+    drafted = loaded.draft([0], s.input_ids[5:6], temperature=1.0).tokens
+    assert set(drafted.view(-1).tolist()) <= set(dv)
+    loaded.finish_all()
+    with pytest.raises(ValueError, match="token_ids"):
+        train(d, cache, TrainConfig(steps=1, draft_vocab=[5, 500]), tmp_path / "bad", progress=False)
 
 
 def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:

@@ -50,18 +50,20 @@ def _features(args: argparse.Namespace) -> int:
     from dspark.training.features import FeatureCache
 
     target, _ = load_target(args.target)
+    head = target.get_output_embeddings().weight.detach().float().clone()  # p_lse against the fp32 head
     target.to(getattr(torch, args.dtype))
     layers = args.layers or default_target_layer_ids(target_num_layers(target), args.taps)
     rows = read_regenerated(args.data)
     if args.limit:
         rows = rows[: args.limit]
-    cache = FeatureCache.build(target, rows, layers, args.out, shard_size=args.shard_size)
+    cache = FeatureCache.build(target, rows, layers, args.out, shard_size=args.shard_size, lm_head=head)
     print(json.dumps({"samples": len(cache), "layer_ids": cache.layer_ids, "dir": str(args.out)}))
     return 0
 
 
 def _fit(args: argparse.Namespace) -> int:
     from dspark.cli import load_target
+    from dspark.models.draft_vocab import load_draft_vocab
     from dspark.models.drafter import DSparkDrafter
     from dspark.training.features import FeatureCache
     from dspark.training.init import bigram_markov_init, feature_rms, init_from_target
@@ -113,6 +115,11 @@ def _fit(args: argparse.Namespace) -> int:
         log_every=args.log_every,
         save_every=args.save_every,
         weights=LossWeights(ce=args.ce_weight, l1=args.l1_weight, decay=args.decay, kl=args.kl_weight),
+        draft_vocab=(
+            None
+            if args.draft_vocab is None
+            else load_draft_vocab(args.draft_vocab, drafter.config.vocab_size).tolist()
+        ),
     )
     logs = train(drafter, cache, cfg, args.out, indices=indices)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -261,6 +268,12 @@ def add_train_parser(sub) -> None:
         type=float,
         default=0.0,
         help="weight of a forward KL(p || q) distillation term (0 = DeepSpec's recipe; docs/training.md)",
+    )
+    t.add_argument(
+        "--draft-vocab",
+        default=None,
+        help="draft_vocab.json (or a drafter folder holding one): train q over these ids, the ones the drafter "
+        "will draft from; saved with it (default: the whole vocabulary)",
     )
     t.add_argument("--save-bf16", action="store_true", help="store the final weights in bf16")
     t.add_argument("--holdout", type=int, default=0, help="last N cached sequences are not trained on")

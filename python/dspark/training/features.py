@@ -6,7 +6,10 @@ For a sequence ``input_ids`` ``[S]`` (prompt + regenerated response) the target 
 * ``features`` ``[S, m * H]``: the outputs of the decoder layers ``target_layer_ids`` (HF ``hidden_states[l + 1]``)
   concatenated in that order — what serving feeds the drafter's context (``DSparkDrafter.append_context``);
 * ``last_hidden`` ``[S, H]``: the final-normed hidden; ``lm_head(last_hidden[t])`` is the target's distribution
-  of token ``t + 1`` (the teacher of the L1 and confidence terms).
+  of token ``t + 1`` (the teacher of the L1 and confidence terms);
+* ``p_lse`` ``[S]`` fp32: ``logsumexp(lm_head(last_hidden[t]))`` of the stored (rounded) hidden, in fp32, at the
+  response rows (NaN at prompt rows, which no loss reads). With it, training over a draft vocabulary of ``V'`` ids
+  gets the target's probabilities of those ids from a ``V'``-column product instead of the whole LM head.
 
 :class:`FeatureCache` stores them as bf16 safetensors shards (a few hundred sequences per shard) so several
 epochs and several drafters (DSpark and the DFlash ablation) share one target pass; docs/training.md says when
@@ -33,6 +36,7 @@ class Sample:
     loss_mask: Tensor  # [S] bool: response tokens (what the drafter learns to predict)
     features: Tensor  # [S, m * H]
     last_hidden: Tensor  # [S, H]
+    p_lse: Tensor | None = None  # [S] float32 (NaN at prompt rows); None in caches built without it
 
 
 def _final_norm(target) -> torch.nn.Module:
@@ -72,6 +76,19 @@ def target_features(
             h.remove()
     feats = torch.cat([captured[i].reshape(ids.shape[1], -1) for i in layer_ids], -1)
     return feats, captured["last"].reshape(ids.shape[1], -1)
+
+
+@torch.no_grad()
+def response_lse(lm_head: Tensor, last_hidden: Tensor, prompt_len: int) -> Tensor:
+    """``[S]`` fp32 ``logsumexp`` of the target's logits ``last_hidden[t] · lm_headᵀ`` at rows ``t >= prompt_len``
+    (NaN before), in fp32 from ``last_hidden`` ``[S, H]`` as given (the stored, rounded values) and the LM head
+    ``(V, H)`` (pass the fp32 weights the drafter will be trained with)."""
+    w = lm_head.float()
+    out = torch.full((last_hidden.shape[0],), float("nan"), dtype=torch.float32)
+    rows = last_hidden[prompt_len:].to(w.device, torch.float32)
+    for b in range(0, rows.shape[0], 256):  # [256, V] fp32 logits at a time
+        out[prompt_len + b : prompt_len + b + 256] = torch.logsumexp(rows[b : b + 256] @ w.T, -1).cpu()
+    return out
 
 
 def loss_mask_for(prompt_len: int, total_len: int) -> Tensor:
@@ -118,7 +135,11 @@ class FeatureCache:
         k = s["key"]
         ids = t[f"{k}.input_ids"].to(torch.int64)
         return Sample(
-            ids, loss_mask_for(s["prompt_len"], ids.numel()), t[f"{k}.features"], t[f"{k}.last_hidden"]
+            ids,
+            loss_mask_for(s["prompt_len"], ids.numel()),
+            t[f"{k}.features"],
+            t[f"{k}.last_hidden"],
+            t.get(f"{k}.p_lse"),
         )
 
     def tokens(self, indices: Sequence[int] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
@@ -152,11 +173,14 @@ class FeatureCache:
         min_response_tokens: int = 8,
         dtype: torch.dtype = torch.bfloat16,
         progress: bool = True,
+        lm_head: Tensor | None = None,
     ) -> FeatureCache:
         """Run the target over regenerated ``rows`` (``prompt_ids`` + ``response_ids``) and write the shards.
 
         Resumable: shards already listed in ``index.json`` are kept and their samples skipped. Rows with fewer
-        than ``min_response_tokens`` response tokens are dropped.
+        than ``min_response_tokens`` response tokens are dropped. ``lm_head`` ``(V, H)``: the weights ``p_lse`` is
+        computed with (the target's output embedding by default; pass the fp32 head when the target runs in a
+        lower precision here but the drafter trains against the fp32 one).
         """
         from safetensors.torch import save_file
         from tqdm.auto import tqdm
@@ -180,6 +204,7 @@ class FeatureCache:
             )
         done = {s["id"] for s in index["samples"]}
         todo = [r for r in rows if r["id"] not in done and len(r["response_ids"]) >= min_response_tokens]
+        head = (target.get_output_embeddings().weight if lm_head is None else lm_head).detach().float()
         bar = tqdm(total=len(todo), desc="target features", unit="seq", disable=not progress)
         for b in range(0, len(todo), shard_size):
             chunk = todo[b : b + shard_size]
@@ -191,7 +216,8 @@ class FeatureCache:
                 key = f"s{j}"
                 tensors[f"{key}.input_ids"] = torch.tensor(ids, dtype=torch.int32)
                 tensors[f"{key}.features"] = feats.to(dtype).contiguous().cpu()
-                tensors[f"{key}.last_hidden"] = last.to(dtype).contiguous().cpu()
+                tensors[f"{key}.last_hidden"] = last = last.to(dtype).contiguous().cpu()
+                tensors[f"{key}.p_lse"] = response_lse(head, last, len(r["prompt_ids"]))
                 metas.append(
                     {
                         "id": r["id"],

@@ -15,6 +15,13 @@ Per sequence ``x`` ``[S]`` with target features ``F`` ``[S, m*H]`` and final-nor
   not halved, as DeepSpec), each term ``Σ w·loss / Σ w`` with ``w_j = exp(-j / decay)`` on counted slots.
 
 With ``markov_rank = 0`` and no confidence head the same code trains the DFlash ablation (``z = U``).
+
+With a draft vocabulary (``draft_ids``, the ids the drafter will be served with) ``q`` is a softmax over those
+ids only, as :meth:`DSparkDrafter.draft` computes it with ``set_draft_vocab``: ``L1`` is still the distance to
+the target's full ``p`` (``Σ_{v in D} |q - p| + (1 - Σ_{v in D} p)``, so ``1 - L1/2 = Σ min(p, q)`` is the served
+acceptance), CE counts only slots whose label is a draft id, and the logged KL is its part over the draft ids.
+The drafter-side vocabulary work (the logits GEMM and its two backward GEMMs, the softmax passes) shrinks by
+``V / V'``.
 """
 
 from __future__ import annotations
@@ -140,12 +147,17 @@ def block_loss(
     weights: LossWeights | None = None,
     compile_loss: bool = False,
     lm_head: Tensor | None = None,
+    draft_ids: Tensor | None = None,
+    p_lse: Tensor | None = None,
 ) -> LossOutput:
     """DeepSpec's loss for one sequence's anchors (module docstring); ``last_hidden`` ``(S, H)``.
 
     ``compile_loss`` runs the vocabulary-sized loss terms through ``torch.compile`` (~3-4x faster on CPU).
     ``lm_head`` ``(V, H)``: the frozen LM head already in the compute dtype (saves a cast per call under
-    autocast); the drafter's (aliased) LM head by default.
+    autocast); the drafter's (aliased) LM head by default. ``draft_ids`` ``(V',)``: sorted distinct token ids
+    the drafter drafts from (module docstring); None: the whole vocabulary. ``p_lse`` ``(S,)``: the target's
+    fp32 log-normaliser per row (:class:`~dspark.training.features.FeatureCache`'s); with ``draft_ids`` it spares
+    the whole-vocabulary product for ``p`` (ignored without ``draft_ids``).
     """
     w = weights or LossWeights()
     c = drafter.config
@@ -155,7 +167,8 @@ def block_loss(
     anchors = anchors.to(dev)
     hidden = block_hidden(drafter, features, ids, anchors)  # [A, g, H]
     head_w = drafter.lm_head_weight if lm_head is None else lm_head
-    U = F.linear(hidden, head_w)  # [A, g, V]
+    dv = None if draft_ids is None else draft_ids.to(dev)
+    U = F.linear(hidden, head_w if dv is None else head_w.index_select(0, dv))  # [A, g, V or V']
     labels, counted, prev = block_labels(ids, loss_mask.to(dev), anchors, g)
     head = drafter.markov_head
     bias = None
@@ -165,20 +178,45 @@ def block_loss(
     else:
         prev_emb = head.markov_w1(prev)
         if isinstance(head, VanillaMarkovHead):  # z = U + W2·W1[prev], added inside the fused loss terms
-            z, bias = U, head.markov_w2(prev_emb)
+            w2 = head.markov_w2.weight
+            z, bias = U, F.linear(prev_emb, w2 if dv is None else w2.index_select(0, dv))
+        elif dv is not None:
+            raise NotImplementedError(
+                f"draft_ids: training over a draft vocabulary supports the vanilla Markov head only, "
+                f"not {type(head).__name__}"
+            )
         else:
             z = head(U, prev, hidden)
     with torch.no_grad():
-        t_rows = last_hidden.to(dev, head_w.dtype)[
-            (anchors.unsqueeze(1) + torch.arange(g, device=dev)).clamp(max=S - 1)
-        ]
-        p_logits = F.linear(t_rows, head_w)
-    terms = _compiled_vocab_terms() if compile_loss else vocab_terms
-    l1, ce, kl = terms(z, bias, p_logits, labels)  # [A, g] each
+        rows = (anchors.unsqueeze(1) + torch.arange(g, device=dev)).clamp(max=S - 1)  # [A, g]
+        if dv is not None and p_lse is not None:  # p at the draft ids only, fp32 like the cached normaliser
+            with torch.autocast(dev.type, enabled=False):
+                w_p = drafter.lm_head_weight.index_select(0, dv).float()
+                p_logits = F.linear(last_hidden.to(dev)[rows].float(), w_p)
+            p_lse = p_lse.to(dev)[rows]
+        else:
+            p_logits = F.linear(last_hidden.to(dev, head_w.dtype)[rows], head_w)
+            p_lse = None
+    ce_counted = counted
+    if dv is None:
+        terms = _compiled_terms(vocab_terms) if compile_loss else vocab_terms
+        l1, ce, kl = terms(z, bias, p_logits, labels)  # [A, g] each
+    else:
+        with torch.no_grad():
+            if p_lse is None:
+                p_lse = torch.logsumexp(p_logits.float(), -1)
+                p_logits = p_logits.index_select(-1, dv)
+            pos = torch.full((head_w.shape[0],), -1, dtype=torch.int64, device=dev)
+            pos[dv] = torch.arange(dv.numel(), device=dev)
+            labels = pos[labels]  # position in the draft vocabulary, -1 outside it
+            ce_counted = counted & (labels >= 0)
+        terms = _compiled_terms(draft_vocab_terms) if compile_loss else draft_vocab_terms
+        l1, ce, kl = terms(z, bias, p_logits, p_lse, labels.clamp_min(0))
     pos_w = torch.exp(-torch.arange(g, device=dev, dtype=torch.float32) / w.decay)
     wt = counted.float() * pos_w
     denom = wt.sum().clamp_min(1e-6)
-    ce_m = (wt * ce).sum() / denom
+    wt_ce = ce_counted.float() * pos_w
+    ce_m = (wt_ce * ce).sum() / wt_ce.sum().clamp_min(1e-6)
     l1_m = (wt * l1).sum() / denom
     kl_m = (wt * kl).sum() / denom
     bce_m = torch.zeros((), device=dev)
@@ -222,21 +260,49 @@ def vocab_terms(
     return l1, ce, kl
 
 
+def draft_vocab_terms(
+    z: Tensor, bias: Tensor | None, p_logits: Tensor, p_lse: Tensor, labels: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`vocab_terms` for a drafter that drafts from ``V'`` ids only: ``q = softmax(z + bias)`` over them,
+    the target's ``p`` given by its logits at those ids and its full-vocabulary log-normaliser.
+
+    ``z``, ``bias`` (optional), ``p_logits``: ``[..., V']``; ``p_lse``: ``[...]`` (``logsumexp`` of the target's
+    logits over the whole vocabulary); ``labels``: ``[...]`` positions in the draft vocabulary. Returns
+    ``L1 = Σ_{v in D} |q - p| + (1 - Σ_{v in D} p)`` (the full-vocabulary L1 of a ``q`` that is 0 outside ``D``),
+    ``CE = -log q[label]`` and ``Σ_{v in D} p (log p - log q)``, all ``[...]`` fp32.
+    """
+    z = z.float() if bias is None else z.float() + bias.float()
+    logq = torch.log_softmax(z, -1)
+    logp = p_logits.float() - p_lse.float().unsqueeze(-1)
+    p = logp.exp()
+    l1 = (logq.exp() - p).abs().sum(-1) + (1 - p.sum(-1)).clamp_min(0)
+    ce = -logq.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    kl = (p * (logp - logq)).sum(-1)
+    return l1, ce, kl
+
+
 _COMPILED: dict[str, object] = {}
 
 
 def _compiled_vocab_terms():
-    """:func:`vocab_terms` through ``torch.compile`` (dynamic shapes: the anchor count varies per sequence).
+    """:func:`vocab_terms` through ``torch.compile`` (see :func:`_compiled_terms`)."""
+    return _compiled_terms(vocab_terms)
+
+
+def _compiled_terms(fn):
+    """``fn`` (:func:`vocab_terms` or :func:`draft_vocab_terms`) through ``torch.compile`` (dynamic shapes: the
+    anchor count varies per sequence).
 
     If compiling fails (no C++ compiler for inductor, an unsupported backend), one warning names the error and
-    the eager :func:`vocab_terms` is used from then on: same values, slower.
+    the eager ``fn`` is used from then on: same values, slower.
     """
-    if "vocab_terms" not in _COMPILED:
-        compiled = torch.compile(vocab_terms, dynamic=True)
+    name = fn.__name__
+    if name not in _COMPILED:
+        compiled = torch.compile(fn, dynamic=True)
 
         def run(*args):
             if _COMPILED.get("failed"):
-                return vocab_terms(*args)
+                return fn(*args)
             try:
                 return compiled(*args)
             except Exception as e:  # noqa: BLE001 - any compile failure falls back to the same eager math
@@ -246,10 +312,10 @@ def _compiled_vocab_terms():
                     "using the eager loss terms",
                     stacklevel=2,
                 )
-                return vocab_terms(*args)
+                return fn(*args)
 
-        _COMPILED["vocab_terms"] = run
-    return _COMPILED["vocab_terms"]
+        _COMPILED[name] = run
+    return _COMPILED[name]
 
 
 def tau_estimate(accept: Tensor) -> float:

@@ -41,6 +41,9 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 200
     weights: LossWeights = field(default_factory=LossWeights)
+    # token ids the drafter will draft from (its draft vocabulary): q is trained over these only and the
+    # checkpoints carry them as draft_vocab.json; None trains over the whole vocabulary
+    draft_vocab: list[int] | None = None
 
 
 def _rank_world() -> tuple[int, int]:
@@ -119,6 +122,10 @@ def train(
     if not idx:
         raise ValueError("indices: no training sequences")
     params = trainable_parameters(drafter)
+    draft_ids = None
+    if cfg.draft_vocab is not None:
+        drafter.set_draft_vocab(cfg.draft_vocab)  # validates the ids; saved with every checkpoint
+        draft_ids = drafter.draft_vocab.to(drafter.device)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay)
     start = 0
     if resume and (ck := latest_checkpoint(out)) is not None:
@@ -176,6 +183,8 @@ def train(
                     cfg.weights,
                     compile_loss=cfg.compile_loss,
                     lm_head=lm_head,
+                    draft_ids=draft_ids,
+                    p_lse=s.p_lse,
                 )
             (lo.loss / cfg.batch_seqs).backward()
             terms += torch.tensor(
