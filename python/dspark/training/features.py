@@ -110,7 +110,7 @@ class FeatureCache:
         for key in ("layer_ids", "shards", "samples"):
             if key not in self.index:
                 raise ValueError(f"feature cache: {idx} has no '{key}'")
-        self._shard_cache: tuple[str, dict] | None = None
+        self._handles: dict[str, object] = {}
 
     @property
     def layer_ids(self) -> list[int]:
@@ -122,37 +122,34 @@ class FeatureCache:
     def sample_ids(self) -> list[str]:
         return [s["id"] for s in self.index["samples"]]
 
-    def _load_shard(self, name: str) -> dict:
-        from safetensors.torch import load_file
+    def _shard(self, name: str):
+        """An open (memory-mapped) handle of shard ``name``; reading a sample reads only its tensors, so samples
+        drawn from different shards in a row cost no more than samples of one shard."""
+        from safetensors import safe_open
 
-        if self._shard_cache is None or self._shard_cache[0] != name:
-            self._shard_cache = (name, load_file(str(self.path / name)))
-        return self._shard_cache[1]
+        if name not in self._handles:
+            self._handles[name] = safe_open(str(self.path / name), framework="pt")
+        return self._handles[name]
 
     def __getitem__(self, i: int) -> Sample:
         s = self.index["samples"][i]
-        t = self._load_shard(s["shard"])
+        h = self._shard(s["shard"])
         k = s["key"]
-        ids = t[f"{k}.input_ids"].to(torch.int64)
+        ids = h.get_tensor(f"{k}.input_ids").to(torch.int64)
         return Sample(
             ids,
             loss_mask_for(s["prompt_len"], ids.numel()),
-            t[f"{k}.features"],
-            t[f"{k}.last_hidden"],
-            t.get(f"{k}.p_lse"),
+            h.get_tensor(f"{k}.features"),
+            h.get_tensor(f"{k}.last_hidden"),
+            h.get_tensor(f"{k}.p_lse") if f"{k}.p_lse" in h.keys() else None,
         )
 
     def tokens(self, indices: Sequence[int] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
         """``(input_ids [S] int64, loss_mask [S] bool)`` of each sample in ``indices`` (all by default), in that
         order, without reading the features (each shard is opened once, memory-mapped)."""
-        from safetensors import safe_open
-
-        handles: dict[str, object] = {}
         for i in range(len(self)) if indices is None else indices:
             s = self.index["samples"][i]
-            if s["shard"] not in handles:
-                handles[s["shard"]] = safe_open(str(self.path / s["shard"]), framework="pt")
-            ids = handles[s["shard"]].get_tensor(f"{s['key']}.input_ids").to(torch.int64)
+            ids = self._shard(s["shard"]).get_tensor(f"{s['key']}.input_ids").to(torch.int64)
             yield ids, loss_mask_for(s["prompt_len"], ids.numel())
 
     def order_by_shard(self, indices: Sequence[int]) -> list[int]:
