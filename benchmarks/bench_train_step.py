@@ -39,6 +39,17 @@ def step_fn(drafter, seq: dict, lm_head: torch.Tensor, draft_ids: torch.Tensor |
     return run
 
 
+@torch.no_grad()
+def check_lse_paths_agree(drafter, seq: dict, ids: torch.Tensor, p_lse: torch.Tensor) -> None:
+    """Before timing: the loss with the cached normaliser equals the one that computes it (fp32, no autocast)."""
+    cached = block_loss(drafter, **seq, draft_ids=ids, p_lse=p_lse)
+    computed = block_loss(drafter, **seq, draft_ids=ids)
+    for k in ("l1", "ce", "bce"):
+        a, b = getattr(cached, k), getattr(computed, k)
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
+            raise SystemExit(f"bench_train_step: {k} differs between cached and computed p_lse: {a} vs {b}")
+
+
 def main() -> None:
     import argparse
 
@@ -73,6 +84,7 @@ def main() -> None:
     rows = []
     for n in sizes:
         ids = torch.randperm(c.vocab_size, generator=gen)[:n].sort().values
+        check_lse_paths_agree(drafter, seq, ids, p_lse)
         for lse in ("cached", "computed"):
             fn = step_fn(drafter, seq, lm_head, ids, p_lse if lse == "cached" else None)
             fn()
