@@ -74,74 +74,28 @@ def test_target_features_embedding_tap_and_bad_layer_ids(pair):
             target_features(t, ids, bad)
 
 
-@torch.no_grad()
-def test_loss_terms_match_direct_computation(pair):
-    t, d = pair
-    S, g = 20, d.config.block_size
-    ids = _seq(S, seed=1)
+def _case(t, d, S: int, seed: int, prompt_len: int):
+    """A random sequence of ``S`` tokens whose response starts at ``prompt_len``: ids, loss mask, features."""
+    ids = _seq(S, seed=seed)
     mask = torch.zeros(S, dtype=torch.bool)
-    mask[6:] = True
+    mask[prompt_len:] = True
     feats, last = target_features(t, ids, d.config.target_layer_ids)
-    anchors = torch.tensor([6, 10, 16])  # anchor 16: slots past S-1 are not counted
-    w = LossWeights(kl=0.5)
-    lo = block_loss(d, feats, last, ids, mask, anchors, w)
-    with torch.no_grad():
-        hidden = block_hidden(d, feats, ids, anchors)
-    W = t.lm_head.weight
-    num = {"ce": 0.0, "l1": 0.0, "bce": 0.0, "kl": 0.0}
-    den = 0.0
-    for i, a in enumerate(anchors.tolist()):
-        prev = int(ids[a])
-        for j in range(g):
-            lab = a + 1 + j
-            if lab >= S:
-                break
-            u = (hidden[i, j] @ W.T).detach()
-            e = d.markov_head.markov_w1.weight[prev]
-            z = u + d.markov_head.markov_w2.weight @ e
-            q = torch.softmax(z, -1)
-            p = torch.softmax(last[a + j] @ W.T, -1)
-            l1 = float((q - p).abs().sum())
-            ce = -float(torch.log(q[ids[lab]]))
-            kl = sum(
-                float(pv) * math.log(float(pv) / float(qv)) for pv, qv in zip(p, q, strict=True) if pv > 0
-            )
-            c = float(d.confidence_head.proj(torch.cat([hidden[i, j], e]))[0])
-            y = min(max(1 - 0.5 * l1, 0.0), 1.0)
-            bce = -(y * math.log(1 / (1 + math.exp(-c))) + (1 - y) * math.log(1 - 1 / (1 + math.exp(-c))))
-            wj = math.exp(-j / w.decay)
-            num["ce"] += wj * ce
-            num["l1"] += wj * l1
-            num["kl"] += wj * kl
-            num["bce"] += wj * bce
-            den += wj
-            prev = int(ids[lab])
-    for k in num:
-        assert getattr(lo, k).item() == pytest.approx(num[k] / den, rel=1e-4), k
-    total = (w.ce * num["ce"] + w.l1 * num["l1"] + w.kl * num["kl"] + w.conf * num["bce"]) / den
-    assert lo.loss.item() == pytest.approx(total, rel=1e-4)
-    assert lo.counted.tolist() == [3, 3, 3, 2]
+    return ids, mask, feats, last
 
 
-@torch.no_grad()
-def test_draft_vocab_loss_terms_match_direct_computation(pair):
-    """With draft ids D: q is a softmax over D, L1 is the distance to the full p, CE skips labels outside D."""
-    t, d = pair
-    S, g = 22, d.config.block_size
-    ids = _seq(S, seed=5)
-    mask = torch.zeros(S, dtype=torch.bool)
-    mask[5:] = True
-    feats, last = target_features(t, ids, d.config.target_layer_ids)
-    anchors = torch.tensor([5, 9, 14, 19])
-    labels_seen = set(ids[6:].tolist())
-    outside = sorted(labels_seen)[::3]  # some labels fall outside D, so CE must skip them
-    dv = torch.tensor([v for v in range(96) if v not in outside])
-    w = LossWeights(kl=0.5)
-    lo = block_loss(d, feats, last, ids, mask, anchors, w, draft_ids=dv)
+def _direct_means(d, t, feats, last, ids, anchors, decay: float, dv=None) -> dict:
+    """The loss terms' weighted means computed slot by slot from their definitions: ``q`` over the draft ids
+    ``dv`` (all ids when None) and 0 elsewhere, ``p`` the target's full distribution, CE over the slots whose
+    label ``q`` can draw; ``skipped`` counts the others."""
+    S, g = ids.numel(), d.config.block_size
     hidden = block_hidden(d, feats, ids, anchors)
     W = t.lm_head.weight
-    in_d = torch.zeros(96, dtype=torch.bool)
-    in_d[dv] = True
+    V = W.shape[0]
+    in_d = (
+        torch.ones(V, dtype=torch.bool)
+        if dv is None
+        else torch.zeros(V, dtype=torch.bool).index_fill(0, dv, True)
+    )
     num = {"ce": 0.0, "l1": 0.0, "bce": 0.0, "kl": 0.0}
     den = den_ce = 0.0
     skipped = 0
@@ -153,15 +107,17 @@ def test_draft_vocab_loss_terms_match_direct_computation(pair):
                 break
             e = d.markov_head.markov_w1.weight[prev]
             z = hidden[i, j] @ W.T + d.markov_head.markov_w2.weight @ e
-            q = torch.zeros(96)
+            q = torch.zeros(V)
             q[in_d] = torch.softmax(z[in_d], -1)  # what serving draws from with this draft vocabulary
             p = torch.softmax(last[a + j] @ W.T, -1)
             l1 = float((q - p).abs().sum())
-            kl = sum(float(p[v]) * math.log(float(p[v]) / float(q[v])) for v in dv.tolist())
+            kl = sum(
+                float(p[v]) * math.log(float(p[v]) / float(q[v])) for v in range(V) if in_d[v] and p[v] > 0
+            )
             c = float(d.confidence_head.proj(torch.cat([hidden[i, j], e]))[0])
             y = min(max(1 - 0.5 * l1, 0.0), 1.0)
             bce = -(y * math.log(1 / (1 + math.exp(-c))) + (1 - y) * math.log(1 - 1 / (1 + math.exp(-c))))
-            wj = math.exp(-j / w.decay)
+            wj = math.exp(-j / decay)
             if in_d[ids[lab]]:
                 num["ce"] += wj * -math.log(float(q[ids[lab]]))
                 den_ce += wj
@@ -172,10 +128,41 @@ def test_draft_vocab_loss_terms_match_direct_computation(pair):
             num["bce"] += wj * bce
             den += wj
             prev = int(ids[lab])
-    assert skipped > 0
-    assert lo.ce.item() == pytest.approx(num["ce"] / den_ce, rel=1e-4)
-    for k in ("l1", "kl", "bce"):
-        assert getattr(lo, k).item() == pytest.approx(num[k] / den, rel=1e-4), k
+    out = {k: v / (den_ce if k == "ce" else den) for k, v in num.items()}
+    return {**out, "skipped": skipped}
+
+
+@torch.no_grad()
+def test_loss_terms_match_direct_computation(pair):
+    t, d = pair
+    ids, mask, feats, last = _case(t, d, 20, seed=1, prompt_len=6)
+    anchors = torch.tensor([6, 10, 16])  # anchor 16: slots past S-1 are not counted
+    w = LossWeights(kl=0.5)
+    lo = block_loss(d, feats, last, ids, mask, anchors, w)
+    ref = _direct_means(d, t, feats, last, ids, anchors, w.decay)
+    for k in ("ce", "l1", "kl", "bce"):
+        assert getattr(lo, k).item() == pytest.approx(ref[k], rel=1e-4), k
+    total = w.ce * ref["ce"] + w.l1 * ref["l1"] + w.kl * ref["kl"] + w.conf * ref["bce"]
+    assert lo.loss.item() == pytest.approx(total, rel=1e-4)
+    assert lo.counted.tolist() == [3, 3, 3, 2]
+
+
+@torch.no_grad()
+def test_draft_vocab_loss_terms_match_direct_computation(pair):
+    """With draft ids D: q is a softmax over D, L1 is the distance to the full p, CE skips labels outside D."""
+    t, d = pair
+    ids, mask, feats, last = _case(t, d, 22, seed=5, prompt_len=5)
+    anchors = torch.tensor([5, 9, 14, 19])
+    labels_seen = set(ids[6:].tolist())
+    outside = sorted(labels_seen)[::3]  # some labels fall outside D, so CE must skip them
+    dv = torch.tensor([v for v in range(96) if v not in outside])
+    w = LossWeights(kl=0.5)
+    lo = block_loss(d, feats, last, ids, mask, anchors, w, draft_ids=dv)
+    ref = _direct_means(d, t, feats, last, ids, anchors, w.decay, dv)
+    assert ref["skipped"] > 0
+    for k in ("ce", "l1", "kl", "bce"):
+        assert getattr(lo, k).item() == pytest.approx(ref[k], rel=1e-4), k
+    W = t.lm_head.weight
     # the cached fp32 normaliser (FeatureCache's p_lse) gives the same loss without the whole-vocabulary product
     lse = torch.logsumexp(last @ W.T, -1)
     lse[:5] = float("nan")  # prompt rows: never read
