@@ -152,13 +152,6 @@ class FeatureCache:
             ids = self._shard(s["shard"]).get_tensor(f"{s['key']}.input_ids").to(torch.int64)
             yield ids, loss_mask_for(s["prompt_len"], ids.numel())
 
-    def order_by_shard(self, indices: Sequence[int]) -> list[int]:
-        """Indices grouped by shard (each shard is read once per pass), shard order and in-shard order kept."""
-        by: dict[str, list[int]] = {}
-        for i in indices:
-            by.setdefault(self.index["samples"][i]["shard"], []).append(i)
-        return [i for group in by.values() for i in group]
-
     @staticmethod
     def build(
         target,
