@@ -187,3 +187,34 @@ def test_fit_cli_warm_start_bf16_and_summary(tmp_path, monkeypatch):
     rank0 = [a if a != "8" else "0" for a in argv]  # --markov-rank 0: no Markov head to start as a bigram
     with pytest.raises(SystemExit, match="bigram"):
         cli.main(rank0)
+
+
+def test_fit_cli_init_from_a_trained_drafter(tmp_path, monkeypatch):
+    import dspark.cli as cli
+
+    t, d, cache = _setup(tmp_path)
+    monkeypatch.setattr(cli, "load_target", lambda spec: (t, None))
+    src = tmp_path / "src"
+    d.save_pretrained(src, include_embeddings=False)
+    out = tmp_path / "warm"
+
+    def argv(rank: int, *extra: str) -> list[str]:
+        return [
+            *("train", "fit", "--features", str(tmp_path / "feats"), "--out", str(out)),
+            *("--num-layers", str(len(d.layers)), "--block-size", "4", "--markov-rank", str(rank)),
+            *("--steps", "1", "--batch-seqs", "2", "--num-anchors", "8", "--no-compile-loss", "--lr", "0"),
+            *("--init-from", str(src), *extra),
+        ]
+
+    # lr 0: one step leaves the weights where --init-from put them, the source drafter's
+    assert cli.main(argv(8)) == 0
+    loaded = DSparkDrafter.from_pretrained(out / "final", target=t)
+    for k, v in d.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v, msg=k)
+    shutil.rmtree(out)
+    with pytest.raises(ValueError, match=r"--init-from: .*shapes \['markov_head"):
+        cli.main(argv(4))
+    with pytest.raises(ValueError, match=r"--init-from: .*unexpected \[.*'markov_head"):
+        cli.main(argv(0))
+    with pytest.raises(SystemExit, match="--init-from"):
+        cli.main(argv(8, "--init", "norm"))

@@ -68,10 +68,16 @@ def _fit(args: argparse.Namespace) -> int:
     from dspark.training.features import FeatureCache
     from dspark.training.init import bigram_markov_init, feature_rms, init_from_target
     from dspark.training.objective import LossWeights
-    from dspark.training.trainer import TrainConfig, train
+    from dspark.training.trainer import TrainConfig, load_drafter_weights, train
 
     if args.markov_init == "bigram" and args.markov_rank == 0:
         raise SystemExit("--markov-init bigram: needs a Markov head (--markov-rank > 0)")
+    if args.init_from is not None and (
+        args.init != "random" or args.feature_scaling or args.markov_init != "random"
+    ):
+        raise SystemExit(
+            "--init-from: starts from a trained drafter; drop --init, --feature-scaling, --markov-init"
+        )
     distributed = False
     import os
 
@@ -96,7 +102,10 @@ def _fit(args: argparse.Namespace) -> int:
     rms = None
     if args.feature_scaling:  # per-channel RMS of (up to) 64 cached sequences
         rms = feature_rms([cache[i].features for i in range(min(64, len(cache)))])
-    init_from_target(drafter, target, args.init, rms)
+    if args.init_from is not None:
+        load_drafter_weights(drafter, args.init_from, what="--init-from")
+    else:
+        init_from_target(drafter, target, args.init, rms)
     n = len(cache)
     hold = min(args.holdout, n - 1)
     indices = list(range(n - hold)) if hold > 0 else None
@@ -249,6 +258,13 @@ def add_train_parser(sub) -> None:
         choices=("random", "norm", "early", "late"),
         default="random",
         help="warm start from the target: final norm + last-tap fc ('norm'), plus its first/last layers",
+    )
+    t.add_argument(
+        "--init-from",
+        default=None,
+        metavar="DRAFTER",
+        help="start from a trained drafter folder of the same architecture (e.g. to go on training it on more "
+        "data) with a fresh optimiser and schedule; replaces --init",
     )
     t.add_argument(
         "--feature-scaling",

@@ -84,14 +84,29 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return best
 
 
-def _load_weights(drafter: DSparkDrafter, ckpt: Path) -> None:
+def load_drafter_weights(drafter: DSparkDrafter, path: str | os.PathLike, what: str = "resume") -> None:
+    """Load the weights of the drafter folder ``path`` (a ``final`` or ``checkpoint-*`` folder) into ``drafter``.
+
+    Every tensor must match by name and shape: a folder of another architecture (depth, Markov rank, confidence
+    head, tapped layers) raises ``ValueError`` naming ``what`` and the first differences. The aliased target
+    embedding / LM head are not part of a drafter folder and stay as they are.
+    """
     from dspark.models.checkpoint import read_tensors
 
-    tensors = read_tensors(ckpt)
+    tensors = read_tensors(path)
     own = drafter.state_dict()
     missing = [k for k in own if k not in tensors]
-    if missing:
-        raise ValueError(f"resume: {ckpt} lacks {missing[:5]} (a checkpoint of a different drafter?)")
+    extra = [k for k in tensors if k not in own]
+    shape = [
+        f"{k} {tuple(tensors[k].shape)} != {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in tensors and tensors[k].shape != v.shape
+    ]
+    if missing or extra or shape:
+        raise ValueError(
+            f"{what}: {path} is not a drafter of this architecture (missing {missing[:5]}, unexpected "
+            f"{extra[:5]}, shapes {shape[:3]})"
+        )
     drafter.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own}, strict=True)
 
 
@@ -129,7 +144,7 @@ def train(
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay)
     start = 0
     if resume and (ck := latest_checkpoint(out)) is not None:
-        _load_weights(drafter, ck)
+        load_drafter_weights(drafter, ck)
         state = torch.load(ck / "trainer_state.pt", weights_only=False)
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])
