@@ -148,6 +148,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("drafter", help="a drafter checkpoint folder")
     ap.add_argument("--features", default="runs/feats_big", help="a feature cache folder")
+    ap.add_argument("--start", type=int, default=0, help="first cached sequence (e.g. past those trained on)")
     ap.add_argument("--every", type=int, default=71, help="use every N-th cached sequence")
     ap.add_argument("--limit", type=int, default=20, help="at most this many sequences")
     ap.add_argument("--anchors", type=int, default=128, help="anchors per sequence")
@@ -164,7 +165,7 @@ def main() -> None:
     target, _ = load_smollm2(with_tokenizer=False)
     drafter = DSparkDrafter.from_pretrained(a.drafter, target=target).float().eval()
     cache = FeatureCache(a.features)
-    idx = list(range(0, len(cache), a.every))[: a.limit]
+    idx = list(range(a.start, len(cache), a.every))[: a.limit]
     for mode in MODES:
         rates = slot_match(drafter, cache, idx, mode, a.anchors)
         print(
