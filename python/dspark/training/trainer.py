@@ -87,26 +87,16 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 def load_drafter_weights(drafter: DSparkDrafter, path: str | os.PathLike, what: str = "resume") -> None:
     """Load the weights of the drafter folder ``path`` (a ``final`` or ``checkpoint-*`` folder) into ``drafter``.
 
-    Every tensor must match by name and shape: a folder of another architecture (depth, Markov rank, confidence
-    head, tapped layers) raises ``ValueError`` naming ``what`` and the first differences. The aliased target
-    embedding / LM head are not part of a drafter folder and stay as they are.
+    The tensors must fit ``drafter``'s own layout (:func:`~dspark.models.checkpoint.check_tensors`): a folder of
+    another architecture (depth, Markov rank, confidence head, tapped layers) raises ``ValueError`` naming
+    ``what`` and the first missing, unexpected or mis-shaped tensor. The aliased target embedding / LM head are
+    not part of a drafter folder and stay as they are.
     """
-    from dspark.models.checkpoint import read_tensors
+    from dspark.models.checkpoint import check_tensors, read_tensors
 
     tensors = read_tensors(path)
+    check_tensors(drafter.config, tensors, where=f"{what}: {path}")
     own = drafter.state_dict()
-    missing = [k for k in own if k not in tensors]
-    extra = [k for k in tensors if k not in own]
-    shape = [
-        f"{k} {tuple(tensors[k].shape)} != {tuple(v.shape)}"
-        for k, v in own.items()
-        if k in tensors and tensors[k].shape != v.shape
-    ]
-    if missing or extra or shape:
-        raise ValueError(
-            f"{what}: {path} is not a drafter of this architecture (missing {missing[:5]}, unexpected "
-            f"{extra[:5]}, shapes {shape[:3]})"
-        )
     drafter.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own}, strict=True)
 
 
