@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from dspark.models.drafter import DSparkDrafter
 from dspark.training.features import FeatureCache, target_features
-from dspark.training.trainer import TrainConfig, latest_checkpoint, train
+from dspark.training.trainer import TrainConfig, latest_checkpoint, parameter_groups, train
 from tests.decoding.toy_models import random_drafter, tiny_target
 
 
@@ -116,6 +116,42 @@ def test_training_over_a_draft_vocabulary_saves_it_with_the_drafter(tmp_path):
         train(d, cache, TrainConfig(steps=1, draft_vocab=[5, 500]), tmp_path / "bad", progress=False)
 
 
+def test_markov_weight_decay_shrinks_the_markov_tables_only(tmp_path):
+    t, d, cache = _setup(tmp_path)
+    tables = {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"}
+    names = {id(p): k for k, p in d.named_parameters()}
+    groups = parameter_groups(d, TrainConfig(weight_decay=0.01, markov_weight_decay=0.3))
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.3]
+    assert {names[id(p)] for p in groups[1]["params"]} == tables
+    assert {names[id(p)] for g in groups for p in g["params"]} == set(names.values())
+    assert len(parameter_groups(d, TrainConfig(weight_decay=0.01))) == 1
+    # one step from the same weights on the same batch: the gradients are equal, so AdamW's decoupled decay is
+    # the whole difference: p * (1 - lr * wd) on the tables, nothing elsewhere
+    init = {k: v.clone() for k, v in d.state_dict().items()}
+    after = {}
+    for wd in (0.0, 40.0):
+        d.load_state_dict(init)
+        cfg = TrainConfig(
+            steps=1, batch_seqs=2, num_anchors=8, lr=5e-3, warmup_ratio=0.0, markov_weight_decay=wd
+        )
+        lr = train(d, cache, cfg, tmp_path / f"wd{wd}", progress=False)[-1]["lr"]
+        after[wd] = {k: v.clone() for k, v in d.state_dict().items()}
+    assert lr == 5e-3
+    for k, v in after[40.0].items():
+        if k in tables:
+            torch.testing.assert_close(v, after[0.0][k] - lr * 40.0 * init[k], msg=k)
+            assert not torch.allclose(v, after[0.0][k])
+        else:
+            torch.testing.assert_close(v, after[0.0][k], msg=k)
+    with pytest.raises(ValueError, match="markov_weight_decay: expected >= 0"):
+        parameter_groups(d, TrainConfig(markov_weight_decay=-1.0))
+    with pytest.raises(ValueError, match="weight_decay: expected >= 0"):
+        train(d, cache, TrainConfig(steps=1, weight_decay=-0.1), tmp_path / "bad", progress=False)
+    dflash = random_drafter(t, block_size=4, markov_rank=0)
+    with pytest.raises(ValueError, match="markov_weight_decay: the drafter has no Markov head"):
+        parameter_groups(dflash, TrainConfig(markov_weight_decay=0.1))
+
+
 def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
     import torch.distributed as dist
 
@@ -175,9 +211,11 @@ def test_fit_cli_warm_start_bf16_and_summary(tmp_path, monkeypatch):
     ]
     argv += ["--init", "norm", "--feature-scaling", "--bf16", "--no-compile-loss", "--log-every", "1"]
     argv += ["--ce-weight", "0.5", "--kl-weight", "0.25", "--markov-init", "bigram"]
+    argv += ["--weight-decay", "0.01", "--markov-weight-decay", "0.2"]
     assert cli.main(argv) == 0
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["config"]["init"] == "norm" and summary["config"]["ce_weight"] == "0.5"
+    assert summary["config"]["weight_decay"] == "0.01" and summary["config"]["markov_weight_decay"] == "0.2"
     assert summary["config"]["kl_weight"] == "0.25" and summary["config"]["markov_init"] == "bigram"
     lines = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in lines)

@@ -118,6 +118,8 @@ def _fit(args: argparse.Namespace) -> int:
         lr=args.lr,
         warmup_ratio=args.warmup_ratio,
         grad_clip=args.grad_clip,
+        weight_decay=args.weight_decay,
+        markov_weight_decay=args.markov_weight_decay,
         bf16=args.bf16,
         compile_loss=not args.no_compile_loss,
         seed=args.seed,
@@ -246,6 +248,13 @@ def add_train_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=6e-4)
     t.add_argument("--warmup-ratio", type=float, default=0.04)
     t.add_argument("--grad-clip", type=float, default=1.0)
+    t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled weight decay")
+    t.add_argument(
+        "--markov-weight-decay",
+        type=float,
+        default=None,
+        help="AdamW weight decay of the Markov head's per-id tables W1 / W2 alone (default: --weight-decay)",
+    )
     t.add_argument("--decay", type=float, default=4.0)
     t.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward")
     t.add_argument(

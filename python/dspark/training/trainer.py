@@ -34,6 +34,9 @@ class TrainConfig:
     lr: float = 6e-4
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
+    # AdamW decay of the Markov head's per-id tables W1 / W2 alone (None: ``weight_decay``); see
+    # docs/training.md, "Regularising the Markov head"
+    markov_weight_decay: float | None = None
     grad_clip: float = 1.0
     bf16: bool = False
     compile_loss: bool = False  # torch.compile the vocabulary-sized loss terms (needs a C++ compiler on CPU)
@@ -55,6 +58,28 @@ def _rank_world() -> tuple[int, int]:
 def trainable_parameters(drafter: DSparkDrafter) -> list[torch.nn.Parameter]:
     """The drafter's own parameters (aliased target embedding / LM head are not registered, hence excluded)."""
     return [p for p in drafter.parameters() if p.requires_grad]
+
+
+def parameter_groups(drafter: DSparkDrafter, cfg: TrainConfig) -> list[dict]:
+    """AdamW parameter groups: one group, or (with ``cfg.markov_weight_decay``) the rest and the Markov tables.
+
+    The Markov head's ``W1`` / ``W2`` hold a row per vocabulary id, most of them seen a few times per pass over
+    a small training set; a decay of their own shrinks the rows that few gradients reach without decaying the
+    transformer.
+    """
+    params = trainable_parameters(drafter)
+    if cfg.markov_weight_decay is None:
+        return [{"params": params, "weight_decay": cfg.weight_decay}]
+    if cfg.markov_weight_decay < 0:
+        raise ValueError(f"markov_weight_decay: expected >= 0, got {cfg.markov_weight_decay}")
+    head = drafter.markov_head
+    if head is None:
+        raise ValueError("markov_weight_decay: the drafter has no Markov head (markov_rank 0)")
+    tables = {id(head.markov_w1.weight), id(head.markov_w2.weight)}
+    return [
+        {"params": [p for p in params if id(p) not in tables], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if id(p) in tables], "weight_decay": cfg.markov_weight_decay},
+    ]
 
 
 def save_checkpoint(drafter: DSparkDrafter, opt, step: int, cfg: TrainConfig, path: Path) -> None:
@@ -126,12 +151,15 @@ def train(
     idx = list(range(len(cache))) if indices is None else list(indices)
     if not idx:
         raise ValueError("indices: no training sequences")
-    params = trainable_parameters(drafter)
+    if cfg.weight_decay < 0:
+        raise ValueError(f"weight_decay: expected >= 0, got {cfg.weight_decay}")
+    groups = parameter_groups(drafter, cfg)
+    params = [p for g in groups for p in g["params"]]
     draft_ids = None
     if cfg.draft_vocab is not None:
         drafter.set_draft_vocab(cfg.draft_vocab)  # validates the ids; saved with every checkpoint
         draft_ids = drafter.draft_vocab.to(drafter.device)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
     start = 0
     if resume and (ck := latest_checkpoint(out)) is not None:
         load_drafter_weights(drafter, ck)
