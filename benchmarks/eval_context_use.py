@@ -8,6 +8,8 @@ feature cache (``dspark train features``); blocks are the first ``--anchors`` an
 
 ``--attention`` also prints, per drafter layer, where the block's queries attend: the share of attention on
 context row ``a - 1`` (the latest target state), on the last 8 context rows and on the block itself.
+``--markov-scales`` prints the match with the Markov head's bias scaled (``z = U + s·B``; 0 reads the drafter's
+own logits ``U`` alone), on the features as cached.
 ``--ngram`` prints the baseline a drafter has to beat: the argmax match of n-gram count tables (1–3 previous
 tokens) built on the response tokens of the cached sequences outside the held-out split (every 13th, as in
 ``train_init_ab.py``) and measured on the held-out ones.
@@ -38,8 +40,13 @@ def perturb(features: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Te
 
 
 @torch.no_grad()
-def slot_match(drafter, cache, indices, mode: str, anchors: int, seed: int = 0) -> list[float]:
-    """Per-slot rate at which the drafter's argmax equals the next response token, over ``indices``."""
+def slot_match(
+    drafter, cache, indices, mode: str, anchors: int, seed: int = 0, markov_scale: float = 1.0
+) -> list[float]:
+    """Per-slot rate at which the drafter's argmax equals the next response token, over ``indices``.
+
+    ``markov_scale`` multiplies the Markov head's bias ``B = z − U`` (1: the drafter as trained).
+    """
     from dspark.training.objective import block_hidden, block_labels
 
     g = drafter.config.block_size
@@ -53,6 +60,8 @@ def slot_match(drafter, cache, indices, mode: str, anchors: int, seed: int = 0) 
         U = F.linear(hidden, drafter.lm_head_weight)
         labels, inside, prev = block_labels(ids, m, a, g)
         z = U if drafter.markov_head is None else drafter.markov_head(U, prev, hidden)
+        if markov_scale != 1.0:
+            z = U + markov_scale * (z - U)
         hit = (z.argmax(-1) == labels) & inside
         match += hit.float().sum(0)
         count += inside.float().sum(0)
@@ -153,8 +162,18 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=20, help="at most this many sequences")
     ap.add_argument("--anchors", type=int, default=128, help="anchors per sequence")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--modes", nargs="*", choices=MODES, default=list(MODES), help="context perturbations to run"
+    )
     ap.add_argument("--attention", action="store_true", help="also print where the block attends, per layer")
     ap.add_argument("--ngram", action="store_true", help="also print the n-gram count-table baselines")
+    ap.add_argument(
+        "--markov-scales",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also print the match with the Markov bias scaled by each of these (0: the drafter's U alone)",
+    )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
@@ -166,12 +185,15 @@ def main() -> None:
     drafter = DSparkDrafter.from_pretrained(a.drafter, target=target).float().eval()
     cache = FeatureCache(a.features)
     idx = list(range(a.start, len(cache), a.every))[: a.limit]
-    for mode in MODES:
+    for mode in a.modes:
         rates = slot_match(drafter, cache, idx, mode, a.anchors)
         print(
             json.dumps({"mode": mode, "sequences": len(idx), "match": [round(r, 3) for r in rates]}),
             flush=True,
         )
+    for scale in a.markov_scales:
+        rates = slot_match(drafter, cache, idx, "real", a.anchors, markov_scale=scale)
+        print(json.dumps({"markov_scale": scale, "match": [round(r, 3) for r in rates]}), flush=True)
     if a.attention:
         for row in attention_shares(drafter, cache, idx, min(a.anchors, 64)):
             print(json.dumps({"attention": row}), flush=True)
