@@ -41,17 +41,18 @@ def perturb(features: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Te
 
 @torch.no_grad()
 def slot_match(
-    drafter, cache, indices, mode: str, anchors: int, seed: int = 0, markov_scale: float = 1.0
-) -> list[float]:
+    drafter, cache, indices, mode: str, anchors: int, seed: int = 0, markov_scales: tuple[float, ...] = (1.0,)
+) -> list[list[float]]:
     """Per-slot rate at which the drafter's argmax equals the next response token, over ``indices``.
 
-    ``markov_scale`` multiplies the Markov head's bias ``B = z − U`` (1: the drafter as trained).
+    One list of rates per entry of ``markov_scales``, each multiplying the Markov head's bias ``B = z − U``
+    (1: the drafter as trained); the drafter's forward runs once for all of them.
     """
     from dspark.training.objective import block_hidden, block_labels
 
     g = drafter.config.block_size
     gen = torch.Generator().manual_seed(seed)
-    match, count = torch.zeros(g), torch.zeros(g)
+    match, count = torch.zeros(len(markov_scales), g), torch.zeros(g)
     for i in indices:
         s = cache[i]
         m, ids = s.loss_mask.bool(), s.input_ids
@@ -60,10 +61,9 @@ def slot_match(
         U = F.linear(hidden, drafter.lm_head_weight)
         labels, inside, prev = block_labels(ids, m, a, g)
         z = U if drafter.markov_head is None else drafter.markov_head(U, prev, hidden)
-        if markov_scale != 1.0:
-            z = U + markov_scale * (z - U)
-        hit = (z.argmax(-1) == labels) & inside
-        match += hit.float().sum(0)
+        for k, scale in enumerate(markov_scales):
+            zs = z if scale == 1.0 else U + scale * (z - U)
+            match[k] += ((zs.argmax(-1) == labels) & inside).float().sum(0)
         count += inside.float().sum(0)
     return (match / count.clamp_min(1)).tolist()
 
@@ -186,14 +186,15 @@ def main() -> None:
     cache = FeatureCache(a.features)
     idx = list(range(a.start, len(cache), a.every))[: a.limit]
     for mode in a.modes:
-        rates = slot_match(drafter, cache, idx, mode, a.anchors)
+        (rates,) = slot_match(drafter, cache, idx, mode, a.anchors)
         print(
             json.dumps({"mode": mode, "sequences": len(idx), "match": [round(r, 3) for r in rates]}),
             flush=True,
         )
-    for scale in a.markov_scales:
-        rates = slot_match(drafter, cache, idx, "real", a.anchors, markov_scale=scale)
-        print(json.dumps({"markov_scale": scale, "match": [round(r, 3) for r in rates]}), flush=True)
+    if a.markov_scales:
+        by_scale = slot_match(drafter, cache, idx, "real", a.anchors, markov_scales=tuple(a.markov_scales))
+        for scale, rates in zip(a.markov_scales, by_scale, strict=True):
+            print(json.dumps({"markov_scale": scale, "match": [round(r, 3) for r in rates]}), flush=True)
     if a.attention:
         for row in attention_shares(drafter, cache, idx, min(a.anchors, 64)):
             print(json.dumps({"attention": row}), flush=True)

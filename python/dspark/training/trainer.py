@@ -67,6 +67,8 @@ def parameter_groups(drafter: DSparkDrafter, cfg: TrainConfig) -> list[dict]:
     a small training set; a decay of their own shrinks the rows that few gradients reach without decaying the
     transformer.
     """
+    if cfg.weight_decay < 0:
+        raise ValueError(f"weight_decay: expected >= 0, got {cfg.weight_decay}")
     params = trainable_parameters(drafter)
     if cfg.markov_weight_decay is None:
         return [{"params": params, "weight_decay": cfg.weight_decay}]
@@ -151,8 +153,6 @@ def train(
     idx = list(range(len(cache))) if indices is None else list(indices)
     if not idx:
         raise ValueError("indices: no training sequences")
-    if cfg.weight_decay < 0:
-        raise ValueError(f"weight_decay: expected >= 0, got {cfg.weight_decay}")
     groups = parameter_groups(drafter, cfg)
     params = [p for g in groups for p in g["params"]]
     draft_ids = None
