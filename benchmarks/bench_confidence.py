@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
 from benchmarks.common import Row, parse_args, report, time_fn  # noqa: E402
+from benchmarks.inputs import confidence_inputs  # noqa: E402
 from dspark.reference import confidence_ref  # noqa: E402
-from tests.ops.samples import confidence_inputs  # noqa: E402
 
 GAMMA, HIDDEN, RANK = 7, 576, 64  # SmolLM2-135M hidden size, a typical Markov rank
 

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
 from benchmarks.common import Row, parse_args, report, time_fn  # noqa: E402
+from benchmarks.inputs import paged_inputs  # noqa: E402
 from dspark.reference import gather_request_kv  # noqa: E402
-from tests.ops.test_paged_verify_attention import make_paged  # noqa: E402
 
 
 def gather_sdpa(q, k_cache, v_cache, qo, kvp, idx, last, scale, causal=True):
@@ -63,7 +63,7 @@ def main() -> None:
     for dtype in dtypes:
         for Hq, Hkv, D in heads:
             for name, n_q, n_kv in cases:
-                inputs = make_paged(n_q, n_kv, Hq, Hkv, D, 16, dtype, seed=1, device=args.device)
+                inputs = paged_inputs(n_q, n_kv, (Hq, Hkv, D), 16, dtype, seed=1, device=args.device)
                 scale = D**-0.5
                 out = dspark.ops.paged_verify_attention(*inputs, scale, True)
                 ref = gather_sdpa(*inputs, scale, True)

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
 from benchmarks.common import Row, parse_args, report, time_fn  # noqa: E402
+from benchmarks.inputs import decaying_cost_table, survival_rows  # noqa: E402
 from dspark.reference import plan_verify_ref  # noqa: E402
-from tests.ops.samples import sps_table, survival_batch  # noqa: E402
 
 GAMMA = 7
 
@@ -32,9 +32,9 @@ def main() -> None:
     rows = []
     for mode in modes:
         for R in rs:
-            surv = survival_batch(R, GAMMA, seed=R, zero_frac=0.02)
-            lagged = survival_batch(R, GAMMA, seed=R + 1, zero_frac=0.02)
-            tokens, rate = sps_table("decaying")
+            surv = survival_rows(R, GAMMA, seed=R, zero_frac=0.02)
+            lagged = survival_rows(R, GAMMA, seed=R + 1, zero_frac=0.02)
+            tokens, rate = decaying_cost_table()
             ref = plan_verify_ref(surv, tokens, rate, mode, lagged, 0.6)
             d = args.device
             dsurv, dlag, dtok, drate = (t.to(d) for t in (surv, lagged, tokens, rate))

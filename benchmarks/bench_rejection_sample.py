@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
 from benchmarks.common import Row, parse_args, report, time_fn  # noqa: E402
+from benchmarks.inputs import ragged_verify_inputs, verify_inputs  # noqa: E402
 from dspark.reference import rejection_sample_ref  # noqa: E402
-from tests.ops.test_rejection_sample import rs_inputs  # noqa: E402
 
 GAMMA = 7
 
@@ -45,21 +45,10 @@ def eager(tl, qo, z, drafts, vl, temp, gen_seed):
     return out
 
 
-def inputs(R, V, dtype, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(R, GAMMA, V, generator=g)
-    vl = torch.full((R,), GAMMA + 1, dtype=torch.int32)
-    qo = torch.arange(R + 1, dtype=torch.int32) * (GAMMA + 1)
-    tl = torch.cat([z.reshape(R, GAMMA, V), torch.randn(R, 1, V, generator=g)], 1)
-    tl = (tl + 0.3 * torch.randn(R, GAMMA + 1, V, generator=g)).reshape(-1, V).to(dtype)
-    drafts = torch.multinomial(torch.softmax(z.reshape(-1, V), -1), 1, generator=g).reshape(R, GAMMA)
-    return [t.to(device) for t in (tl, qo, z, drafts, vl, torch.ones(R))]
-
-
 def main() -> None:
     args = parse_args(__doc__)
     dev = args.device
-    small = rs_inputs(seed=0)
+    small = ragged_verify_inputs(seed=0)
     o, r = dspark.ops.rejection_sample(*small, 1, 2), rejection_sample_ref(*small, 1, 2)
     assert torch.equal(o[0], r[0]) and torch.equal(o[1], r[1])
     if args.quick:
@@ -70,7 +59,7 @@ def main() -> None:
         cases, budget = [(1, 49152), (8, 49152), (64, 49152), (8, 151936)], 0.2
     rows = []
     for R, V in cases:
-        a = inputs(R, V, torch.float32, dev, seed=R)
+        a = verify_inputs(R, V, GAMMA, torch.float32, dev, seed=R)
         acc, _ = dspark.ops.rejection_sample(*a, 1, 2)
         t_op = time_fn(lambda a=a: dspark.ops.rejection_sample(*a, 1, 2), dev, budget)
         t_ref = time_fn(lambda a=a: eager(*a, 0), dev, budget)
