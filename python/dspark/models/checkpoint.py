@@ -22,39 +22,82 @@ _IGNORED_PREFIXES = ("rotary_emb.",)
 
 
 def read_config(path: str | os.PathLike) -> DrafterConfig:
-    """Parse ``<path>/config.json`` (transformers-5 ``rope_parameters`` or the older ``rope_theta``)."""
+    """Parse ``<path>/config.json`` (transformers-5 ``rope_parameters`` or the older ``rope_theta``).
+
+    Raises
+    ------
+    FileNotFoundError
+        No ``config.json``.
+    ValueError
+        Naming the file: not JSON, or a field missing or of the wrong type (naming the field).
+    """
     p = Path(path) / CONFIG_NAME
     if not p.is_file():
         raise FileNotFoundError(f"drafter checkpoint {path}: no {CONFIG_NAME}")
-    with open(p) as f:
-        return DrafterConfig.from_dict(json.load(f))
+    try:
+        return DrafterConfig.from_dict(_read_json(p))
+    except ValueError as e:
+        if str(e).startswith(str(p)):
+            raise
+        raise ValueError(f"{p}: {e}") from e
+
+
+def _read_json(p: Path) -> object:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: not valid JSON ({e})") from None
+
+
+def _shard_files(root: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: ``model.safetensors`` or the shards of its index."""
+    if (root / WEIGHTS_NAME).is_file():
+        return [root / WEIGHTS_NAME]
+    index = root / INDEX_NAME
+    if not index.is_file():
+        raise FileNotFoundError(f"drafter checkpoint {root}: neither {WEIGHTS_NAME} nor {INDEX_NAME}")
+    doc = _read_json(index)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index}: expected an object with a 'weight_map' of tensor name -> file name")
+    files = [root / name for name in sorted(set(weight_map.values()))]
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: missing (named by {index})")
+    return files
 
 
 def read_tensors(path: str | os.PathLike) -> dict[str, Tensor]:
-    """All tensors of ``model.safetensors`` or of the shards named by ``model.safetensors.index.json``."""
-    root = Path(path)
-    if (root / WEIGHTS_NAME).is_file():
-        files = [root / WEIGHTS_NAME]
-    elif (root / INDEX_NAME).is_file():
-        with open(root / INDEX_NAME) as f:
-            weight_map = json.load(f)["weight_map"]
-        files = [root / name for name in sorted(set(weight_map.values()))]
-    else:
-        raise FileNotFoundError(f"drafter checkpoint {path}: neither {WEIGHTS_NAME} nor {INDEX_NAME}")
-    from safetensors import safe_open  # the ``hf`` extra
+    """All tensors of ``model.safetensors`` or of the shards named by ``model.safetensors.index.json``.
+
+    Raises
+    ------
+    FileNotFoundError
+        No weights file, or a shard the index names is missing.
+    ValueError
+        Naming the file: empty, truncated or not safetensors; a malformed index; a tensor stored twice.
+    """
+    from safetensors import SafetensorError, safe_open  # the ``hf`` extra
 
     out: dict[str, Tensor] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                key = name
-                for pre in _STRIP_PREFIXES:
-                    key = key.removeprefix(pre)
-                if key.startswith(_IGNORED_PREFIXES):
-                    continue
-                if key in out:
-                    raise ValueError(f"drafter checkpoint {path}: tensor {key!r} is stored twice")
-                out[key] = f.get_tensor(name)
+    for file in _shard_files(Path(path)):
+        if file.stat().st_size == 0:
+            raise ValueError(f"{file}: empty (0 bytes), expected a safetensors file")
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    key = name
+                    for pre in _STRIP_PREFIXES:
+                        key = key.removeprefix(pre)
+                    if key.startswith(_IGNORED_PREFIXES):
+                        continue
+                    if key in out:
+                        raise ValueError(f"drafter checkpoint {path}: tensor {key!r} is stored twice")
+                    out[key] = f.get_tensor(name)
+        except SafetensorError as e:  # the library's message names neither the file nor the likely cause
+            raise ValueError(
+                f"{file}: truncated or not a safetensors file ({e}); expected a complete safetensors file"
+            ) from None
     return out
 
 

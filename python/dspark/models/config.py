@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import numbers
+import operator
 from typing import Any
 
 import torch
@@ -32,6 +34,46 @@ def dtype_from_name(name: Any) -> torch.dtype | None:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool):  # JSON true/false are not counts
+        raise TypeError
+    return operator.index(value)  # int and numpy integers; floats and strings raise TypeError
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError
+    return float(value)
+
+
+def _as_bool(value: Any) -> bool:
+    if not isinstance(value, bool):  # "false" would be truthy
+        raise TypeError
+    return value
+
+
+def _as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError
+    return value
+
+
+def _as_int_list(value: Any) -> list[int]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError
+    return [_as_int(v) for v in value]
+
+
+# annotation of a DrafterConfig field (``| None`` stripped) -> (converter, what a config.json must hold)
+_KINDS = {
+    "int": (_as_int, "an int"),
+    "float": (_as_float, "a number"),
+    "bool": (_as_bool, "a bool (true/false)"),
+    "str": (_as_str, "a string"),
+    "list[int]": (_as_int_list, "a list of ints"),
+}
 
 
 @dataclasses.dataclass
@@ -80,16 +122,25 @@ class DrafterConfig:
     # ---- parsing --------------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: dict) -> DrafterConfig:
-        """Parse a DeepSpec drafter ``config.json`` dict; ValueError naming the field when one is missing/bad."""
+        """Parse a DeepSpec drafter ``config.json`` dict; ValueError naming the field when one is missing/bad.
+
+        Every field is checked against its annotated type (an int is not a bool, a number may be an int), so a
+        value like ``"block_size": "seven"`` or ``"enable_confidence_head": "false"`` is an error naming it.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"drafter config: expected a JSON object, got a {type(d).__name__}")
+
+        def get(key: str, default: Any = None) -> Any:
+            value = d.get(key)
+            return default if value is None else _typed(key, value, key)
 
         def need(key: str) -> Any:
-            if key not in d or d[key] is None:
-                raise ValueError(f"drafter config: missing field {key!r}")
-            return d[key]
+            if d.get(key) is None:
+                raise ValueError(f"drafter config: {key}: missing (expected {_FIELD_KINDS[key][1]})")
+            return get(key)
 
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
-        head_dim = d.get("head_dim") or hidden // heads
+        hidden = need("hidden_size")
+        heads = need("num_attention_heads")
         rope = d.get("rope_parameters") or {}
         if isinstance(rope, dict) and "full_attention" in rope and isinstance(rope["full_attention"], dict):
             rope = rope["full_attention"]
@@ -104,8 +155,10 @@ class DrafterConfig:
                 f"drafter config: rope_parameters.rope_type {rope_type!r} is not supported (only 'default')"
             )
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-        if theta is None:
-            theta = d.get("rope_theta", 10000.0)
+        if theta is not None:
+            theta = _typed("rope_theta", theta, "rope_parameters.rope_theta")
+        else:
+            theta = get("rope_theta", 10000.0)
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"drafter config: hidden_act {act!r} is not supported (only 'silu')")
@@ -113,25 +166,25 @@ class DrafterConfig:
             raise ValueError(
                 "drafter config: attention_bias=true is not supported (DeepSpec drafters have none)"
             )
-        rank = int(d.get("markov_rank") or 0)
         cfg = cls(
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
+            intermediate_size=need("intermediate_size"),
             num_attention_heads=heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            vocab_size=int(need("vocab_size")),
-            num_hidden_layers=int(need("num_hidden_layers")),
-            block_size=int(need("block_size")),
-            mask_token_id=int(need("mask_token_id")),
-            target_layer_ids=[int(i) for i in need("target_layer_ids")],
-            num_target_layers=None if d.get("num_target_layers") is None else int(d["num_target_layers"]),
-            markov_rank=rank,
-            markov_head_type=str(d.get("markov_head_type") or "vanilla"),
-            enable_confidence_head=bool(d.get("enable_confidence_head", False)),
-            confidence_head_with_markov=bool(d.get("confidence_head_with_markov", True)),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
+            # 0 / null fall back to the defaults, as transformers' configs do
+            num_key_value_heads=get("num_key_value_heads") or heads,
+            head_dim=get("head_dim") or hidden // max(heads, 1),  # heads < 1: validate() names it
+            vocab_size=need("vocab_size"),
+            num_hidden_layers=need("num_hidden_layers"),
+            block_size=need("block_size"),
+            mask_token_id=need("mask_token_id"),
+            target_layer_ids=need("target_layer_ids"),
+            num_target_layers=get("num_target_layers"),
+            markov_rank=get("markov_rank", 0),
+            markov_head_type=get("markov_head_type") or "vanilla",
+            enable_confidence_head=get("enable_confidence_head", False),
+            confidence_head_with_markov=get("confidence_head_with_markov", True),
+            rms_norm_eps=get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
             dtype=dtype_from_name(d.get("dtype", d.get("torch_dtype"))),
             raw=copy.deepcopy(d),
         )
@@ -267,3 +320,22 @@ class DrafterConfig:
             s["confidence_head.proj.weight"] = (1, H + self.confidence_input_rank)
             s["confidence_head.proj.bias"] = (1,)
         return s
+
+
+# field name -> (converter, expected), read off the dataclass annotations so a new field is checked too
+_FIELD_KINDS = {
+    f.name: _KINDS[str(f.type).removesuffix(" | None")]
+    for f in dataclasses.fields(DrafterConfig)
+    if str(f.type).removesuffix(" | None") in _KINDS
+}
+
+
+def _typed(field: str, value: Any, where: str) -> Any:
+    """``value`` of config key ``where`` converted to the type of ``field``; ValueError naming it otherwise."""
+    convert, expected = _FIELD_KINDS[field]
+    try:
+        return convert(value)
+    except TypeError:
+        raise ValueError(
+            f"drafter config: {where}: expected {expected}, got {value!r} ({type(value).__name__})"
+        ) from None

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from dspark.host_sync import to_device
 from dspark.models import checkpoint as ckpt
 from dspark.models import cpu_linear
-from dspark.models.config import DrafterConfig, dtype_from_name
+from dspark.models import drafter_loading as loading
+from dspark.models.config import DrafterConfig
 from dspark.models.context import RequestContext
 from dspark.models.cpu_linear import weight_stationary_linears
 from dspark.models.draft_vocab import (
@@ -32,7 +33,6 @@ from dspark.models.heads import MARKOV_HEADS, ConfidenceHead, MarkovSample, samp
 from dspark.models.layers import DraftLayer, RMSNorm, Rotary
 from dspark.models.pairing import (
     check_dtype_device,
-    check_same_weights,
     target_num_layers,
     target_text_config,
     validate_pairing,
@@ -118,7 +118,10 @@ class DSparkDrafter(nn.Module):
 
     # ---- shared embedding / LM head --------------------------------------------------------------------------
     def share_target_embeddings(self, target: nn.Module, embed: bool = True, lm_head: bool = True) -> None:
-        """Alias the target's input embedding and/or LM head (no copy); drops the drafter's own copies."""
+        """Alias the target's input embedding and/or LM head (no copy); drops the drafter's own copies.
+
+        Aliased modules are not registered (not in ``state_dict`` or ``parameters()``); ``repr`` names them.
+        """
         if embed:
             self._shared["embed_tokens"] = target.get_input_embeddings()
             self._modules.pop("embed_tokens", None)
@@ -150,6 +153,11 @@ class DSparkDrafter(nn.Module):
     def shares_embeddings(self) -> dict[str, bool]:
         """Which of ``embed_tokens`` / ``lm_head`` alias the target's."""
         return {n: n in self._shared for n in ("embed_tokens", "lm_head")}
+
+    def extra_repr(self) -> str:
+        # aliased modules are not children, so nn.Module's repr would not show them at all
+        shared = [n for n in ("embed_tokens", "lm_head") if n in self._shared]
+        return f"(shared with the target): {', '.join(shared)}" if shared else ""
 
     @property
     def dtype(self) -> torch.dtype:
@@ -219,7 +227,7 @@ class DSparkDrafter(nn.Module):
             Checkpoint directory.
         target : nn.Module, optional
             The HF causal LM it will draft for; when given, the pairing is validated (docs/drafter.md) and the
-            target's embedding / LM head are aliased where the checkpoint omits them.
+            target's embedding / LM head are aliased where the checkpoint omits them or stores copies of them.
         dtype : torch.dtype or str, optional
             Default: the target's dtype, else the checkpoint's. The confidence head stays float32. A dtype other
             than the target's (e.g. a bf16 drafter for an fp32 target on a CPU with AMX: its vocabulary-sized GEMMs
@@ -229,9 +237,11 @@ class DSparkDrafter(nn.Module):
         device : optional
             Default: the target's device, else CPU.
         share_target_embeddings : bool, optional
-            None: alias the target's only where the checkpoint omits them (stored copies are checked against the
-            target's; a cast copy when ``dtype`` differs from the target's). True: always alias the target's
-            (same dtype required). False: require stored copies.
+            None: alias the target's where the checkpoint omits them or stores copies bit-equal at ``dtype``
+            (a cast copy when ``dtype``/``device`` differ from the target's); a stored copy that differs is an
+            error, unless it equals the target's in the coarser of the two dtypes (then it is kept). True: always
+            alias the target's (same dtype required). False: require stored copies and keep them as the
+            drafter's own, not compared with the target's.
         tokenizer : optional
             The target's tokenizer, checked against the vocabulary (and the checkpoint's tokenizer, if stored).
         draft_vocab : bool, path, Tensor or sequence of int, optional
@@ -241,67 +251,28 @@ class DSparkDrafter(nn.Module):
         Raises
         ------
         ValueError
-            Malformed checkpoint (naming the tensor), malformed draft vocabulary, or a pairing mismatch (naming
-            the field).
+            Malformed checkpoint (naming the tensor, or the file and what it should hold), malformed draft
+            vocabulary, or a pairing mismatch (naming the field).
         """
         cfg = ckpt.read_config(path)
         tensors = ckpt.read_tensors(path)
         ckpt.check_tensors(cfg, tensors, where=f"drafter checkpoint {path}")
-        t_embed = t_head = None
         if target is not None:
             validate_pairing(cfg, target, tokenizer=tokenizer, drafter_dir=path)
-            t_embed = target.get_input_embeddings().weight
-            head = target.get_output_embeddings()
-            t_head = head.weight if head is not None else None
-        dtype = dtype_from_name(dtype) if dtype is not None else None
-        if dtype is None:
-            dtype = t_embed.dtype if t_embed is not None else (cfg.dtype or ckpt.storage_dtype(tensors))
-        device = (
-            torch.device(device) if device is not None else (t_embed.device if t_embed is not None else None)
+        tables = loading.target_tables(target)
+        dtype, device = loading.resolve_dtype_device(cfg, tensors, tables["embed_tokens"], dtype, device)
+        share = loading.place_embeddings(
+            tensors,
+            tables,
+            has_target=target is not None,
+            dtype=dtype,
+            device=device,
+            share=share_target_embeddings,
         )
-        device = device or torch.device("cpu")
-        if device.type == "cuda" and device.index is None:  # compare like the target's "cuda:N"
-            device = torch.device("cuda", torch.cuda.current_device())
-
-        share = {}
-        for name, t_w in (("embed_tokens", t_embed), ("lm_head", t_head)):
-            stored = tensors.get(name + ".weight")
-            if share_target_embeddings is False and stored is None:
-                raise ValueError(
-                    f"{name}.weight: missing from the checkpoint and share_target_embeddings=False"
-                )
-            if stored is None or share_target_embeddings:
-                if target is None:
-                    raise ValueError(
-                        f"{name}.weight: missing from the checkpoint; pass target= to share the target's"
-                    )
-                if t_w is None:
-                    raise ValueError(f"{name}: the target has none to share")
-                share[name] = True
-            else:
-                share[name] = False
-            if stored is not None and t_w is not None and share_target_embeddings is not True:
-                check_same_weights(f"{name}.weight", stored, t_w)
-        copies: dict[int, Tensor] = {}  # a tied embedding / LM head stays one tensor when copied
-        for name, t_w in (("embed_tokens", t_embed), ("lm_head", t_head)):
-            if share[name]:
-                tensors.pop(name + ".weight", None)
-                # an alias needs the same dtype/device: copy, unless aliasing was asked for explicitly
-                if share_target_embeddings is None and (t_w.dtype != dtype or t_w.device != device):
-                    key = t_w.data_ptr()
-                    if key not in copies:
-                        copies[key] = t_w.detach().to(device=device, dtype=dtype)
-                    tensors[name + ".weight"] = copies[key]
-                    share[name] = False
-
         cfg.dtype = dtype
         with torch.device("meta"):
             model = cls(cfg, own_embed=not share["embed_tokens"], own_lm_head=not share["lm_head"])
-        state = {
-            n: t.to(device=device, dtype=torch.float32 if n.startswith("confidence_head.") else dtype)
-            for n, t in tensors.items()
-        }
-        model.load_state_dict(state, strict=True, assign=True)
+        model.load_state_dict(loading.loaded_state(tensors, dtype, device), strict=True, assign=True)
         model.rotary_emb.reset(device)
         if target is not None:
             model.share_target_embeddings(target, embed=share["embed_tokens"], lm_head=share["lm_head"])

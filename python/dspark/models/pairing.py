@@ -93,7 +93,13 @@ def validate_pairing(
 
 
 def check_same_weights(name: str, stored: Tensor, target_weight: Tensor) -> None:
-    """A stored ``embed_tokens``/``lm_head`` copy must equal the target's (compared in the coarser dtype)."""
+    """A stored ``embed_tokens``/``lm_head`` copy must equal the target's (compared in the coarser dtype).
+
+    Raises
+    ------
+    ValueError
+        Naming the tensor, when the shapes or the values differ.
+    """
     if tuple(stored.shape) != tuple(target_weight.shape):
         raise ValueError(f"{name}: stored shape {list(stored.shape)} != target's {list(target_weight.shape)}")
     coarse = stored.dtype if stored.element_size() <= target_weight.element_size() else target_weight.dtype
@@ -104,7 +110,8 @@ def check_same_weights(name: str, stored: Tensor, target_weight: Tensor) -> None
         diff = (a.float() - b.float()).abs().max().item()
         raise ValueError(
             f"{name}: the checkpoint's copy differs from the target's (max abs diff {diff:.3g}); the drafter was "
-            f"trained for another target revision (pass share_target_embeddings=True to use the target's anyway)"
+            f"trained for another target revision, or trained its own (pass share_target_embeddings=True to use "
+            f"the target's anyway, or share_target_embeddings=False to keep the checkpoint's as the drafter's own)"
         )
 
 
