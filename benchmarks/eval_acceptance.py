@@ -2,7 +2,7 @@
 """Acceptance of one or more drafters on prompt sets: τ, per-position acceptance, verify length.
 
     python benchmarks/eval_acceptance.py --drafter dspark=PATH --drafter dflash=PATH \
-        --prompts ../shared/data/prompts/mt-bench.jsonl ../shared/data/prompts/humaneval.jsonl \
+        --prompts PROMPTS_DIR/mt-bench.jsonl PROMPTS_DIR/humaneval.jsonl \
         [--limit 40] [--temperatures 0 1] [--max-new-tokens 256] [--batch 8] [--planner full] \
         [--draft-vocab dspark=draft_vocab.json | dspark=none] [--json out.json] [--plot acceptance.png]
 
@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dspark import DSparkDecoder, DSparkDrafter  # noqa: E402
-from dspark.cli import load_target  # noqa: E402
 from dspark.decoding.decoder import chat_token_ids  # noqa: E402
 from dspark.models.draft_vocab import draft_vocab_option  # noqa: E402
-from dspark.training.data import read_prompt_file  # noqa: E402
+from dspark.models.loading import load_target  # noqa: E402
+from dspark.prompts import read_prompt_file  # noqa: E402
 
 
 def evaluate(
