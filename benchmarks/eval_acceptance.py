@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dspark import DSparkDecoder, DSparkDrafter  # noqa: E402
-from dspark.decoding.decoder import chat_token_ids  # noqa: E402
+from dspark.decoding.inputs import chat_token_ids  # noqa: E402
 from dspark.models.draft_vocab import draft_vocab_option  # noqa: E402
 from dspark.models.loading import load_target  # noqa: E402
 from dspark.prompts import read_prompt_file  # noqa: E402

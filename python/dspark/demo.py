@@ -67,7 +67,7 @@ def run_demo(
     ``drafter_dtype`` defaults to :func:`fast_drafter_dtype`.
     """
     from dspark import DSparkDecoder, build_info
-    from dspark.decoding.decoder import chat_token_ids
+    from dspark.decoding.inputs import chat_token_ids
     from dspark.models.bundled import load_bundled_drafter
     from dspark.models.loading import load_smollm2
 

@@ -56,14 +56,27 @@ def all_finite(x: Tensor) -> Tensor:
     return torch.isfinite(lo) & torch.isfinite(hi)
 
 
+def rows_finite(x: Tensor) -> Tensor:
+    """bool tensor of shape ``x.shape[:-1]`` on ``x``'s device: which rows hold no NaN / ±inf (nothing is read).
+
+    Per-row flags let a caller fail only on the rows whose values it uses (a round commits a prefix of its
+    verify rows). One min/max reduction over the last dimension, as in :func:`all_finite`.
+    """
+    if x.numel() == 0:
+        return torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
+    lo, hi = torch.aminmax(x, dim=-1)
+    return torch.isfinite(lo) & torch.isfinite(hi)
+
+
 def sanitized(x: Tensor, finite: Tensor) -> Tensor:
-    """``x`` with NaN / ±inf replaced by 0, so that a sampler can run on it; ``finite`` from :func:`all_finite`.
+    """``x`` with NaN / ±inf replaced by 0, so that a sampler can run on it; ``finite`` from :func:`all_finite`
+    or :func:`rows_finite`.
 
     The caller fails the round from ``finite`` when it reads its results. On a CPU reading the flag costs
     nothing, so a finite ``x`` is returned as it is; on other devices the flag stays unread and ``x`` is always
     replaced (a copy without a wait).
     """
-    if x.device.type == "cpu" and bool(finite):
+    if x.device.type == "cpu" and bool(finite.all()):
         return x
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 

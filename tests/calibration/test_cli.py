@@ -8,7 +8,8 @@ import torch
 
 from dspark import cli
 from dspark.calibration import CalibrationData
-from dspark.decoding.decoder import _load_sts
+from dspark.decoding.inputs import load_sts
+from dspark.models import loading
 from tests.decoding.toy_models import random_drafter, tiny_target
 
 
@@ -37,7 +38,7 @@ def setup(tmp_path, monkeypatch):
     drafter_dir = tmp_path / "drafter"
     random_drafter(target, block_size=3).save_pretrained(drafter_dir)
     tok = ByteTokenizer(96)
-    monkeypatch.setattr(cli, "load_target", lambda spec: (target, tok))
+    monkeypatch.setattr(loading, "load_target", lambda spec: (target, tok))
     prompts = tmp_path / "prompts.jsonl"
     rows = [{"turns": [f"question number {i}: what is {i} + {i}?", "a later turn"]} for i in range(7)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -61,7 +62,7 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     # affine STS by default, with held-out ECE over request folds
     assert sts["sts"] == "affine" and len(sts["biases"]) == 3 and len(sts["ece_heldout"]) == 3
     # the decoder loads what calibrate writes
-    t, b = _load_sts(out / "sts.json", 3)
+    t, b = load_sts(out / "sts.json", 3)
     torch.testing.assert_close(t, torch.tensor(sts["temperatures"]))
     torch.testing.assert_close(b, torch.tensor(sts["biases"]))
     metrics = json.loads((out / "calibration_metrics.json").read_text())
@@ -84,7 +85,7 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     assert cli.main(argv3 + ["--sts", "temperature", "--folds", "0"]) == 0
     sts3 = json.loads((out3 / "sts.json").read_text())
     assert sts3["sts"] == "temperature" and "biases" not in sts3 and "ece_heldout" not in sts3
-    assert _load_sts(out3 / "sts.json", 3)[1] is None
+    assert load_sts(out3 / "sts.json", 3)[1] is None
 
     # several saved collections are pooled, their requests kept apart
     from dspark.calibration.cli import _load_pooled
@@ -100,7 +101,7 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
 
 def test_prompts_longer_than_the_context_are_skipped_by_name(setup, tmp_path, capsys):
     drafter_dir, _ = setup
-    target, _ = cli.load_target("tiny")
+    target, _ = loading.load_target("tiny")
     target.config.max_position_embeddings = 64  # room: 64 - 40 new tokens - gamma 3 - 1 = 20 prompt tokens
     prompts = tmp_path / "mixed.jsonl"
     rows = ["hi", "a much longer question that fills the byte tokenizer's 24 positions", "ok"]

@@ -101,10 +101,10 @@ class CheckingDecoder(DSparkDecoder):
 
     checks = 0
 
-    def _round(self, rs, cfg, seed, speculative, stats):
-        super()._round(rs, cfg, seed, speculative, stats)
+    def _round(self, call, rs):
+        super()._round(call, rs)
         for r in rs:
-            if r.stop.finished:
+            if r.done:
                 continue
             committed = r.prompt + r.generated[:-1]  # the anchor is not in the caches yet
             assert self.adapter.length(r.rid) == len(committed)
@@ -288,14 +288,14 @@ def test_adaptive_slots_draft_one_past_the_last_plan(mode):
     drafter = random_drafter(target)
     gamma = drafter.config.block_size
     drafted, plans = [], []
-    draft = drafter.draft
+    propose = drafter.propose
 
     def spy(*args, **kwargs):
-        out = draft(*args, **kwargs)
-        drafted.append(out.tokens.shape[1])
+        out = propose(*args, **kwargs)
+        drafted.append(out.base_logits.shape[1])
         return out
 
-    drafter.draft = spy
+    drafter.propose = spy
     prompts = prompts_of([3, 17, 5, 9], 96, seed=5)
     outs = {}
     for adaptive in (True, False):

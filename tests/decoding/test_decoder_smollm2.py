@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dspark import DSparkDecoder, DSparkDrafter, SpsTable
-from dspark.decoding.decoder import chat_token_ids
+from dspark.decoding.inputs import chat_token_ids
 from dspark.models.loading import load_smollm2, smollm2_gguf_path
 
 pytestmark = [

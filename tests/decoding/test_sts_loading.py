@@ -8,22 +8,22 @@ import pytest
 import torch
 
 from dspark import DSparkDecoder
-from dspark.decoding.decoder import _load_sts
+from dspark.decoding.inputs import load_sts
 from tests.decoding.toy_models import random_drafter, tiny_target
 
 
 def test_forms_and_truncation(tmp_path):
     path = tmp_path / "sts.json"
     path.write_text(json.dumps({"temperatures": [0.5, 1.0, 2.0, 4.0], "biases": [0.1, -0.2, 0.3, 0.0]}))
-    t, b = _load_sts(path, 3)  # a shorter block uses the leading positions
+    t, b = load_sts(path, 3)  # a shorter block uses the leading positions
     assert t.tolist() == [0.5, 1.0, 2.0] and b.tolist() == pytest.approx([0.1, -0.2, 0.3])
-    t2, b2 = _load_sts(json.loads(path.read_text()), 3)
+    t2, b2 = load_sts(json.loads(path.read_text()), 3)
     assert torch.equal(t2, t) and torch.equal(b2, b)
-    t3, b3 = _load_sts({"temperatures": [2.0, 2.0], "biases": None}, 2)
+    t3, b3 = load_sts({"temperatures": [2.0, 2.0], "biases": None}, 2)
     assert t3.tolist() == [2.0, 2.0] and b3 is None
-    t4, b4 = _load_sts([1.5, 0.5], 2)
+    t4, b4 = load_sts([1.5, 0.5], 2)
     assert t4.tolist() == [1.5, 0.5] and b4 is None
-    assert _load_sts(None, 4) == (None, None)
+    assert load_sts(None, 4) == (None, None)
 
 
 @pytest.mark.parametrize(
@@ -40,18 +40,18 @@ def test_forms_and_truncation(tmp_path):
 )
 def test_bad_sts_names_the_problem(sts, match):
     with pytest.raises(ValueError, match=match):
-        _load_sts(sts, 2)
+        load_sts(sts, 2)
 
 
 def test_bad_sts_files(tmp_path):
     with pytest.raises(ValueError, match="cannot read STS JSON"):
-        _load_sts(tmp_path / "missing.json", 2)
+        load_sts(tmp_path / "missing.json", 2)
     (tmp_path / "list.json").write_text("[1.0, 1.0]")
     with pytest.raises(ValueError, match="list.json. must be an object"):
-        _load_sts(tmp_path / "list.json", 2)
+        load_sts(tmp_path / "list.json", 2)
     (tmp_path / "keys.json").write_text('{"temps": [1.0, 1.0]}')
     with pytest.raises(ValueError, match="no 'temperatures' list .*keys.json"):
-        _load_sts(tmp_path / "keys.json", 2)
+        load_sts(tmp_path / "keys.json", 2)
 
 
 def test_every_round_applies_the_loaded_temperatures_and_offsets():

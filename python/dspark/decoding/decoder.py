@@ -1,169 +1,42 @@
 # SPDX-License-Identifier: Apache-2.0
 """``DSparkDecoder``: batched, exact speculative generation for a Hugging Face causal LM and a DSpark drafter.
 
-One round for the R active requests (docs/decoder.md):
-
-1. the drafter drafts γ tokens per request from its context (backbone, Markov sampling, confidence);
-2. the planner picks each request's verify length from the survival (``plan_verify``);
-3. the target runs once on the packed ``[anchor, x_1 .. x_{l_r}]`` of every request (paged KV);
-4. ``rejection_sample`` accepts a prefix of each request's drafts and emits a correction or bonus token;
-5. commit: the target KV is cut back to the committed tokens, the drafter context gets their target features,
-   stop rules are applied, finished requests free their state and waiting requests are admitted.
+This file is the scheduler: it checks a call's inputs (``inputs.py``), admits waiting requests when the KV pool
+can hold them, preempts the newest running request when the pool runs short, runs prefills and rounds
+(``round.py``), streams committed tokens and releases finished requests. docs/decoder.md describes it.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
+from dspark.decoding.inputs import (
+    SamplingConfig,
+    as_float,
+    as_int,
+    chat_token_ids,
+    encode_prompts,
+    load_sts,
+    resolve_sampling,
+)
 from dspark.decoding.planner import Planner, SpsTable
+from dspark.decoding.request import GenerateOutput, Request, StreamEvent
+from dspark.decoding.round import CallState, RoundRecord, decode_round, prefill, release
 from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
-from dspark.host_sync import HostReader, all_finite, sanitized, to_device
+from dspark.host_sync import HostReader
 from dspark.kv import KVPoolExhausted
 from dspark.models.drafter import DSparkDrafter
-from dspark.models.pairing import validate_pairing
+from dspark.models.pairing import target_text_config, validate_pairing
 from dspark.models.target import TargetAdapter
-from dspark.ops import rejection_sample
 
-
-@dataclass
-class StreamEvent:
-    """Tokens a request committed in one round (never rolled back later)."""
-
-    index: int  # the request's position in the generate() call
-    tokens: list[int]
-    text: str | None
-    finished: bool
-    finish_reason: str | None
-
-
-@dataclass
-class GenerateOutput:
-    """Result of :meth:`DSparkDecoder.generate` (lists in prompt order).
-
-    ``sequences[i]`` are the generated token ids of prompt ``i`` (without the prompt), ``texts[i]`` their decoded
-    text (when a tokenizer is known), ``finish_reasons[i]`` one of ``"eos"``, ``"stop"``, ``"length"``.
-    """
-
-    sequences: list[list[int]]
-    prompt_ids: list[list[int]]
-    texts: list[str] | None
-    finish_reasons: list[str]
-    stats: DSparkStats
-
-
-@dataclass
-class RoundRecord:
-    """What one speculative round drafted, verified and accepted (passed to ``round_observer``).
-
-    R requests, γ drafts, V vocab. The tensors are the decoder's own (do not modify them).
-
-    Attributes
-    ----------
-    request_ids : list of int
-        Each row's request id (its position in the ``generate`` call).
-    conf_logit : Tensor or None
-        ``(R, γ)`` float32 raw confidence logits (before STS); None without a confidence head.
-    draft_tokens : Tensor
-        ``(R, γ)`` int64 drafts.
-    draft_logits : Tensor
-        ``(R, γ, V)`` float32 Markov-corrected draft logits (``q = softmax(z / T)``).
-    target_logits : Tensor
-        ``(sum(verify_len), V)`` target logits of the packed verify rows, before any sampling processor.
-    qo_indptr : list of int
-        ``R + 1`` offsets of each request's rows in ``target_logits`` (row ``k`` of request ``r`` scores draft
-        ``k``; row ``verify_len[r] - 1`` is the bonus row).
-    verify_len : Tensor
-        ``(R,)`` int32 verified rows per request (anchor + admitted drafts).
-    accepted : Tensor
-        ``(R,)`` int32 accepted drafts per request.
-    temperature : float
-        Sampling temperature of the round (0 = greedy).
-    """
-
-    request_ids: list[int]
-    conf_logit: Tensor | None
-    draft_tokens: Tensor
-    draft_logits: Tensor
-    target_logits: Tensor
-    qo_indptr: list[int]
-    verify_len: Tensor
-    accepted: Tensor
-    temperature: float
-
-
-@dataclass(eq=False)  # identity comparison: requests are compared in list operations
-class _Request:
-    index: int
-    rid: int
-    prompt: list[int]
-    stop: StopCriteria
-    stream: TextStream | None
-    anchor: int = -1
-    started: bool = False  # the prompt (and any resumed tokens) are in the KV caches
-    events: list[StreamEvent] = field(default_factory=list)
-
-    @property
-    def generated(self) -> list[int]:
-        return self.stop.generated
-
-
-def chat_token_ids(tokenizer: Any, prompt: str | list[dict]) -> list[int]:
-    """Token ids of a user message (a string) or a chat, through the tokenizer's chat template."""
-    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "keys"):  # a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
-
-
-def _sts_vector(values: Any, gamma: int, what: str) -> Tensor:
-    try:
-        t = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"sts: {what} must be a list of numbers ({e})") from None
-    if t.numel() < gamma:
-        raise ValueError(f"sts: {t.numel()} {what} for block size {gamma}; need one per draft position")
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"sts: {what} must be finite")
-    return t[:gamma].contiguous()
-
-
-def _load_sts(sts: Any, gamma: int) -> tuple[Tensor | None, Tensor | None]:
-    """``(temperatures, biases)`` ``(γ,)`` float32 from an STS JSON path, its dict or a list of temperatures.
-
-    ``biases`` (affine STS offsets, an extension of SGLang's format) is None when the file has none."""
-    if sts is None:
-        return None, None
-    where = ""
-    if isinstance(sts, (str, Path)):
-        where = f" ({sts})"
-        try:
-            sts = json.loads(Path(sts).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"sts: cannot read STS JSON{where}: {e}") from e
-        if not isinstance(sts, dict):
-            raise ValueError(f"sts: the STS JSON{where} must be an object with a 'temperatures' list")
-    biases = None
-    if isinstance(sts, dict):
-        if "temperatures" not in sts:
-            raise ValueError(f"sts: no 'temperatures' list{where} (SGLang's STS JSON expected)")
-        if sts.get("biases") is not None:
-            biases = _sts_vector(sts["biases"], gamma, "biases")
-        sts = sts["temperatures"]
-    t = _sts_vector(sts, gamma, "temperatures")
-    if bool((t <= 0).any()):
-        raise ValueError("sts: temperatures must be finite and > 0")
-    return t, biases
+__all__ = ["DSparkDecoder", "GenerateOutput", "RoundRecord", "StreamEvent", "chat_token_ids"]
 
 
 class DSparkDecoder:
@@ -172,10 +45,11 @@ class DSparkDecoder:
     Parameters
     ----------
     target : transformers.PreTrainedModel
-        The causal LM to accelerate (its attention is switched to dspark's paged backend; :meth:`close`
-        restores it).
-    drafter : DSparkDrafter
-        A drafter paired with ``target`` (checked before anything runs).
+        The causal LM to accelerate (its attention is switched to dspark's paged backend once every argument
+        has been checked; :meth:`close` restores it).
+    drafter : DSparkDrafter or None
+        A drafter paired with ``target`` (checked before anything runs). None: plain decoding through the same
+        engine (continuous batching, paged KV, streaming).
     planner : str or Planner
         ``"full"``, ``"threshold"``, ``"early_stop"`` (default) or ``"lagged_topk"``, or a ready Planner.
     sps_table : SpsTable, dict, path or None
@@ -184,33 +58,34 @@ class DSparkDecoder:
         Per-position STS of the confidence head: SGLang's STS JSON (path or loaded dict; an optional
         ``"biases"`` list adds affine offsets, ``conf = sigmoid(logit / T + b)``) or a list of temperatures.
     block_size : int or None
-        Drafts per round γ (default: the drafter's block size; at most that).
+        Drafts per round γ (default: the drafter's block size; at most that; 0 without a drafter).
     page_size : int
         KV page size of the target's paged cache.
     max_batch_size : int
         Requests decoded together; further prompts wait and are admitted as requests finish.
     tokenizer : optional
         Needed for string prompts, chat messages, stop strings and decoded text.
+    threshold, lag : float, int
+        Settings of the ``threshold`` and ``lagged_topk`` planner modes.
     max_kv_pages : int or None
-        Cap on the target's KV pool; when it runs out the newest request is preempted and resumed later.
+        Cap on the target's KV pool. A request is admitted only when the pool can hold its prefill and one
+        round; when running requests outgrow it, the newest is preempted and resumed once it fits again.
     round_observer : callable or None
         Called with a :class:`RoundRecord` after every speculative round (calibration data collection); may be
         set or cleared later through the attribute of the same name.
     linear_max_rows : int or None
-        Few-row fp32 linears on CPU compute ``(W · xᵀ)ᵀ`` (faster with MKL; see
-        :class:`dspark.models.target.TargetAdapter`). ``None``: the adapter's default; ``0``: off.
+        Few-row fp32 linears on CPU compute ``(W · xᵀ)ᵀ`` (see :class:`dspark.models.target.TargetAdapter`).
+        ``None``: the adapter's default; ``0``: off.
     adaptive_slots : bool
         With a cost-driven plan (a confidence head and a planner mode other than ``full``), draft only as many
-        slots as the previous round's plan used plus one: ``min(γ, max verify length)`` of that round (all γ in
-        a generate call's first round). A plan that used every drafted slot widens the next round by one. The
-        drafts of the first slots do not depend on how many are drafted, so this changes cost, not output
-        distribution. Default on; False always drafts γ slots.
+        slots as the previous round's plan used plus one (all γ in a call's first round). Changes cost, not the
+        output distribution. Default on.
     """
 
     def __init__(
         self,
         target: torch.nn.Module,
-        drafter: DSparkDrafter,
+        drafter: DSparkDrafter | None = None,
         planner: str | Planner = "early_stop",
         sps_table: SpsTable | dict | str | Path | None = None,
         sts: Any = None,
@@ -225,45 +100,58 @@ class DSparkDecoder:
         linear_max_rows: int | None = None,
         adaptive_slots: bool = True,
     ) -> None:
-        validate_pairing(drafter.config, target, tokenizer=tokenizer)
-        gamma = drafter.config.block_size if block_size is None else int(block_size)
-        if not 0 <= gamma <= drafter.config.block_size:
+        # every argument is checked before the target is touched (TargetAdapter switches its attention last)
+        if drafter is not None:
+            if not isinstance(drafter, DSparkDrafter):
+                raise TypeError(f"drafter: expected a DSparkDrafter or None, got {type(drafter).__name__}")
+            validate_pairing(drafter.config, target, tokenizer=tokenizer)
+        most = drafter.config.block_size if drafter is not None else 0
+        gamma = most if block_size is None else as_int("block_size", block_size, lo=0)
+        if gamma > most:
             raise ValueError(
-                f"block_size: must be in [0, {drafter.config.block_size}] (the drafter's), got {gamma}"
+                f"block_size: must be in [0, {most}] (the drafter's block size; 0 without a drafter), got {gamma}"
             )
-        if int(max_batch_size) < 1:
-            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+        self.max_batch_size = as_int("max_batch_size", max_batch_size, lo=1)
+        page_size = as_int("page_size", page_size, lo=1)
+        if max_kv_pages is not None:
+            max_kv_pages = as_int("max_kv_pages", max_kv_pages, lo=1)
+        if round_observer is not None and not callable(round_observer):
+            raise TypeError(
+                f"round_observer: expected a callable or None, got {type(round_observer).__name__}"
+            )
+        self.planner = (
+            planner
+            if isinstance(planner, Planner)
+            else Planner(planner, sps_table, as_float("threshold", threshold), lag)
+        )
+        sts_t, sts_b = load_sts(sts, max(gamma, 1))
         self.target = target
         self.drafter = drafter
         self.gamma = gamma
         self.tokenizer = tokenizer
-        self.max_batch_size = int(max_batch_size)
-        self.planner = (
-            planner if isinstance(planner, Planner) else Planner(planner, sps_table, threshold, lag)
-        )
+        self.vocab_size = int(target_text_config(target).vocab_size)
+        self.taps = list(drafter.config.target_layer_ids) if drafter is not None else []
+        self.adaptive_slots = bool(adaptive_slots)
+        self.round_observer = round_observer
+        self.max_positions = getattr(target_text_config(target), "max_position_embeddings", None)
+        self.stats = DSparkStats(gamma=gamma)
+        self.host = HostReader()  # every device -> host read of a round goes through it (counted)
+        self._open_call = False  # a generate call (or stream) is running
         self.adapter = TargetAdapter(
             target, page_size=page_size, max_pages=max_kv_pages, linear_max_rows=linear_max_rows
         )
-        sts_t, sts_b = _load_sts(sts, max(gamma, 1))  # on the device once, not copied every round
-        self.sts = None if sts_t is None else sts_t.to(self.adapter.device)
-        self.sts_bias = None if sts_b is None else sts_b.to(self.adapter.device)
-        self.taps = list(drafter.config.target_layer_ids)  # -1: the embedding output (TargetAdapter taps it)
-        self.stats = DSparkStats(gamma=gamma)
-        self._offset = 0
-        self.adaptive_slots = bool(adaptive_slots)
-        self._slots = gamma  # slots the next round drafts when adaptive_slots applies
-        self.max_positions = getattr(target.config, "max_position_embeddings", None)
-        self.round_observer = round_observer
-        self.host = HostReader()  # every device -> host read of a round goes through it (counted)
+        dev = self.adapter.device  # the STS vectors move to the device once, not every round
+        self.sts = None if sts_t is None else sts_t.to(dev)
+        self.sts_bias = None if sts_b is None else sts_b.to(dev)
 
     # ------------------------------------------------------------------ public API
     def fits_context(self, prompt_len: int, max_new_tokens: int) -> bool:
         """Whether a prompt of ``prompt_len`` tokens leaves room for ``max_new_tokens`` and a last verify block
-        within the target's ``max_position_embeddings`` (always True when the target declares none)."""
+        (γ + 1 positions) within the target's ``max_position_embeddings`` (True when the target declares none)."""
         return not self.max_positions or prompt_len + max_new_tokens + self.gamma + 1 <= self.max_positions
 
     def close(self) -> None:
-        """Restore the target's attention implementation and free the KV caches."""
+        """Restore the target's attention implementation and free the KV caches (idempotent)."""
         self.adapter.close()
 
     def compile(self, **options: Any) -> DSparkDecoder:
@@ -275,8 +163,10 @@ class DSparkDecoder:
         Shapes vary with the number of requests, so ``dynamic=True`` is the default. ``options`` go to
         ``torch.compile`` (e.g. ``mode="max-autotune"``). Outputs are unchanged up to float rounding.
         """
-        opts = {"dynamic": True, **options}
         d = self.drafter
+        if d is None:
+            return self
+        opts = {"dynamic": True, **options}
         for layer in d.layers:
             layer.input_layernorm.compile(**opts)
             layer.post_attention_layernorm.compile(**opts)
@@ -305,38 +195,89 @@ class DSparkDecoder:
         Parameters
         ----------
         prompts
-            Token ids (a list of ints or a 1-D tensor), a batch of token-id lists of different lengths, a string,
-            a list of strings, chat messages (``[{"role": ..., "content": ...}, ...]``) or a list of those.
-            Strings and messages go through the tokenizer's chat template (as a single user turn for strings).
+            Token ids (a list of ints or a 1-D integer tensor), a batch of token-id lists of different lengths
+            (or a 2-D tensor), a string, a list of strings, chat messages (``[{"role": ..., "content": ...}]``)
+            or a list of those. Strings and messages go through the tokenizer's chat template.
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, eos_token_id
-            As in Hugging Face ``generate``; ``temperature`` 0 (default) is greedy. Values not given are taken
-            from ``generation_config`` (then from the target's), with max_new_tokens defaulting to 128.
+            As in Hugging Face ``generate``; ``temperature`` 0 (default) is greedy, ``top_k`` 0 is off. Values
+            not given are taken from ``generation_config`` (then from the target's), max_new_tokens defaulting
+            to 128.
         stop : str or list of str
             Stop strings (need a tokenizer).
         seed : int
-            Seed of the counter-based RNG: the same seed and prompts give the same output.
+            Seed of the counter-based RNG in [0, 2**63): the same seed and prompts give the same output.
         stream : bool
-            Return an iterator of :class:`StreamEvent` (committed tokens of each request as they come).
+            Return an iterator of :class:`StreamEvent` (committed tokens of each request as they come). One call
+            runs at a time: another ``generate`` while a stream is open raises ``RuntimeError`` and leaves the
+            stream intact (consume, ``close()`` or drop the stream first).
         speculative : bool
             False runs plain decoding through the same engine (γ = 0).
+
+        Raises
+        ------
+        ValueError
+            A bad argument (named), before any work.
+        KVPoolExhausted
+            After the other requests finished, when a request could never fit the KV pool (``max_kv_pages``);
+            the exception's ``output`` holds every request's result (that one's finish reason is ``"error"``).
+        RuntimeError
+            NaN/inf logits (naming the stage), or a call while a stream is open.
         """
-        cfg = self._resolve_config(
-            generation_config,
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            repetition_penalty,
-            eos_token_id,
-            stop,
+        self._check_no_open_call()
+        gc = (
+            generation_config
+            if generation_config is not None
+            else getattr(self.target, "generation_config", None)
         )
-        prompt_ids = self._encode_prompts(prompts)
-        reqs = self._make_requests(prompt_ids, cfg)
-        events = self._run(reqs, cfg, int(seed), speculative and self.gamma > 0)
+        sampling = resolve_sampling(
+            gc,
+            self.tokenizer,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+            eos_token_id=eos_token_id,
+            stop=stop,
+            seed=seed,
+        )
+        reqs = self._make_requests(encode_prompts(prompts, self.tokenizer, self.vocab_size), sampling)
+        drafting = bool(speculative) and self.drafter is not None and self.gamma > 0
+        call = CallState(sampling, drafting, DSparkStats(gamma=self.gamma), slots=self.gamma)
+        events = self._run(reqs, call)
         if stream:
             return events
-        for _ in events:
-            pass
+        try:
+            for _ in events:
+                pass
+        except KVPoolExhausted as e:
+            e.output = self._output(reqs, call)
+            raise
+        return self._output(reqs, call)
+
+    # ------------------------------------------------------------------ inputs
+    def _check_no_open_call(self) -> None:
+        if self._open_call:
+            raise RuntimeError(
+                "generate: a stream of an earlier generate call is still open; consume it to the end, close it "
+                "(stream.close()) or drop it before starting another call"
+            )
+
+    def _make_requests(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Request]:
+        reqs = []
+        for i, p in enumerate(prompt_ids):
+            if not self.fits_context(len(p), sampling.max_new_tokens):
+                raise ValueError(
+                    f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {sampling.max_new_tokens} + "
+                    f"{self.gamma + 1} positions for a round's verify block (γ + 1) exceed the target's context "
+                    f"of {self.max_positions} positions (max_position_embeddings)"
+                )
+            stop = StopCriteria(sampling.max_new_tokens, sampling.eos, sampling.stop, self.tokenizer)
+            stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
+            reqs.append(Request(i, i, p, stop, stream))  # rid = index: the i-th prompt's random stream
+        return reqs
+
+    def _output(self, reqs: list[Request], call: CallState) -> GenerateOutput:
         texts = None
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(r.generated, skip_special_tokens=True) for r in reqs]
@@ -344,354 +285,102 @@ class DSparkDecoder:
             sequences=[list(r.generated) for r in reqs],
             prompt_ids=[list(r.prompt) for r in reqs],
             texts=texts,
-            finish_reasons=[r.stop.finish_reason or "length" for r in reqs],
-            stats=self._last_stats,
+            finish_reasons=[r.finish_reason for r in reqs],
+            stats=call.stats,
         )
 
-    # ------------------------------------------------------------------ inputs
-    def _resolve_config(self, gc, max_new_tokens, temperature, top_k, top_p, repetition_penalty, eos, stop):
-        gc = gc if gc is not None else getattr(self.target, "generation_config", None)
-
-        def pick(value, name, default):
-            if value is not None:
-                return value
-            v = getattr(gc, name, None) if gc is not None else None
-            return default if v is None else v
-
-        do_sample = getattr(gc, "do_sample", None) if gc is not None else None
-        if temperature is None:
-            temperature = pick(None, "temperature", 1.0) if do_sample else 0.0
-        cfg = {
-            "max_new_tokens": int(pick(max_new_tokens, "max_new_tokens", 128)),
-            "temperature": float(temperature),
-            "top_k": int(top_k)
-            if top_k is not None
-            else (int(getattr(gc, "top_k", 0) or 0) if do_sample else 0),
-            "top_p": float(top_p)
-            if top_p is not None
-            else (float(getattr(gc, "top_p", 1.0) or 1.0) if do_sample else 1.0),
-            "repetition_penalty": float(pick(repetition_penalty, "repetition_penalty", 1.0)),
-            "stop": [stop] if isinstance(stop, str) else list(stop or pick(None, "stop_strings", []) or []),
-        }
-        if cfg["max_new_tokens"] < 1:
-            raise ValueError(f"max_new_tokens: must be >= 1, got {cfg['max_new_tokens']}")
-        if cfg["temperature"] < 0 or cfg["temperature"] != cfg["temperature"]:
-            raise ValueError(f"temperature: must be >= 0, got {cfg['temperature']}")
-        if not 0 < cfg["top_p"] <= 1:
-            raise ValueError(f"top_p: must be in (0, 1], got {cfg['top_p']}")
-        if cfg["repetition_penalty"] <= 0:
-            raise ValueError(f"repetition_penalty: must be > 0, got {cfg['repetition_penalty']}")
-        eos = pick(eos, "eos_token_id", None)
-        if eos is None and self.tokenizer is not None:
-            eos = self.tokenizer.eos_token_id
-        cfg["eos"] = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
-        if cfg["stop"] and self.tokenizer is None:
-            raise ValueError("stop: stop strings need the decoder's tokenizer")
-        return cfg
-
-    def _encode_prompts(self, prompts: Any) -> list[list[int]]:
-        if isinstance(prompts, Tensor):
-            prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)
-        ):
-            prompts = [prompts]
-        elif isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
-            prompts = [prompts]
-        if not isinstance(prompts, list) or not prompts:
-            raise ValueError(
-                "prompts: expected token ids, a list of token-id lists, strings or chat messages"
-            )
-        out = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, Tensor):
-                p = p.tolist()
-            if isinstance(p, (str, list)) and (isinstance(p, str) or (p and isinstance(p[0], dict))):
-                if self.tokenizer is None:
-                    raise ValueError(f"prompts[{i}]: text or chat prompts need the decoder's tokenizer")
-                p = chat_token_ids(self.tokenizer, p)
-            p = [int(t) for t in p]
-            if not p:
-                raise ValueError(f"prompts[{i}]: the prompt is empty")
-            V = self.drafter.config.vocab_size
-            if min(p) < 0 or max(p) >= V:
-                raise ValueError(f"prompts[{i}]: token ids must be in [0, {V})")
-            out.append(p)
-        return out
-
-    def _make_requests(self, prompt_ids: list[list[int]], cfg: dict) -> list[_Request]:
-        reqs = []
-        for i, p in enumerate(prompt_ids):
-            if not self.fits_context(len(p), cfg["max_new_tokens"]):
-                raise ValueError(
-                    f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {cfg['max_new_tokens']} exceed the "
-                    f"target's context of {self.max_positions} positions"
-                )
-            stop = StopCriteria(cfg["max_new_tokens"], cfg["eos"], cfg["stop"], self.tokenizer)
-            stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
-            # the request id keys the request's caches and its random stream: the i-th prompt of every call
-            # draws the same numbers for the same seed, whatever else is in the batch
-            reqs.append(_Request(i, i, p, stop, stream))
-        return reqs
-
-    # ------------------------------------------------------------------ the engine
-    def _run(self, reqs: list[_Request], cfg: dict, seed: int, speculative: bool) -> Iterator[StreamEvent]:
-        stats = DSparkStats(gamma=self.gamma)
-        self._last_stats = stats
-        waiting = deque(reqs)
-        active: list[_Request] = []
+    # ------------------------------------------------------------------ the scheduler
+    def _run(self, reqs: list[Request], call: CallState) -> Iterator[StreamEvent]:
+        self._check_no_open_call()  # a stream starts work at its first next()
+        self._open_call = True
+        waiting, active, failed = deque(reqs), [], []
         t_start = time.perf_counter()
         self.planner.reset()
-        self._offset = 0
-        self._slots = self.gamma
         try:
             while waiting or active:
-                while waiting and len(active) < self.max_batch_size:
-                    active.append(waiting.popleft())
+                self._admit(waiting, active, failed)
                 fresh = [r for r in active if not r.started]
                 if fresh:
-                    self._with_preemption(lambda f=fresh: self._prefill(f, cfg, seed, stats), active, waiting)
-                else:
-                    self._with_preemption(
-                        lambda a=active: self._round(a, cfg, seed, speculative, stats), active, waiting
-                    )
-                for r in active:
+                    prefill(self, call, fresh)
+                elif active:
+                    self._make_room(active, waiting, failed)
+                    if active:
+                        self._round(call, active)
+                for r in failed + active:
                     yield from r.events
                     r.events.clear()
-                    if r.stop.finished:
+                failed.clear()
+                for r in active:
+                    if r.done:
                         self._release(r)
-                active = [r for r in active if not r.stop.finished]
+                active = [r for r in active if not r.done]
+            lost = [r for r in reqs if r.error is not None]
+            if lost:
+                raise KVPoolExhausted("; ".join(f"prompts[{r.index}]: {r.error}" for r in lost))
         finally:
             for r in active:
                 self._release(r)
-            stats.wall_seconds = time.perf_counter() - t_start
-            self.stats.merge(stats)
+            self._open_call = False
+            call.stats.wall_seconds = time.perf_counter() - t_start
+            self.stats.merge(call.stats)
 
-    def _with_preemption(self, step, active: list[_Request], waiting: deque) -> None:
-        while True:
-            try:
-                step()
+    def _round(self, call: CallState, running: list[Request]) -> None:
+        decode_round(self, call, running)
+
+    def _release(self, r: Request) -> None:
+        release(self, r)
+
+    # ------------------------------------------------------------------ KV pages
+    def _peak_tokens(self, r: Request) -> int:
+        """Tokens ``r`` holds at the end of its next round if admitted now: prefill + anchor + γ drafts."""
+        return len(r.prompt) + max(len(r.generated) - 1, 0) + self.gamma + 1
+
+    def _round_pages(self, r: Request) -> int:
+        """Pages a running request needs on top of what it holds for one more round (γ + 1 tokens)."""
+        pool = self.adapter.pool
+        return max(0, pool.pages_needed(pool.length(r.rid) + self.gamma + 1) - len(pool.block_table(r.rid)))
+
+    def _spare_pages(self, active: list[Request]) -> float:
+        """Pages not promised to the active requests' next step (inf for a pool without a cap)."""
+        pool = self.adapter.pool
+        if pool.max_pages is None:
+            return float("inf")
+        promised = sum(
+            self._round_pages(r) if r.started else pool.pages_needed(self._peak_tokens(r)) for r in active
+        )
+        return pool.free_pages + (pool.max_pages - pool.total_pages) - promised
+
+    def _admit(self, waiting: deque, active: list[Request], failed: list[Request]) -> None:
+        """Move waiting requests (in order) to the batch while the pool can hold their prefill and a round."""
+        pool = self.adapter.pool
+        while waiting and len(active) < self.max_batch_size:
+            r = waiting[0]
+            need = pool.pages_needed(self._peak_tokens(r))
+            if pool.max_pages is not None and need > pool.max_pages:  # not even an empty pool holds it
+                waiting.popleft()
+                self._fail(r, need, failed)
+                continue
+            if need > self._spare_pages(active):
                 return
-            except KVPoolExhausted:
-                running = [r for r in active if r.started]
-                if len(running) <= 1:
-                    raise
-                victim = running[-1]  # the newest: it resumes from its committed tokens later
-                self._release(victim)
-                victim.started = False
-                active.remove(victim)
+            active.append(waiting.popleft())
+
+    def _make_room(self, active: list[Request], waiting: deque, failed: list[Request]) -> None:
+        """Preempt the newest running requests until the rest can run a round; a request alone that still does
+        not fit is dropped with an error (the others go on)."""
+        while active and self._spare_pages(active) < 0:
+            victim = active[-1]  # the newest: it resumes from its committed tokens later
+            active.remove(victim)
+            self._release(victim)
+            if active:
                 waiting.appendleft(victim)
+            else:
+                need = self.adapter.pool.pages_needed(self._peak_tokens(victim))
+                self._fail(victim, need, failed)
 
-    def _release(self, r: _Request) -> None:
-        if r.rid in self.adapter.pool:
-            self.adapter.finish(r.rid)
-        self.drafter.finish(r.rid)
-
-    def _features(self, out, rows: Tensor) -> Tensor:
-        rows = to_device(rows, out.hidden[self.taps[0]].device)  # a CPU index would copy (and sync) per layer
-        return torch.cat([out.hidden[layer][rows] for layer in self.taps], -1)
-
-    def _sample_params(self, rs: list[_Request], cfg: dict, dev) -> dict:
-        R = len(rs)
-        kw: dict[str, Any] = {}
-        if cfg["top_k"] > 0:
-            kw["top_k"] = torch.full((R,), cfg["top_k"], dtype=torch.int64, device=dev)
-        if cfg["top_p"] < 1.0:
-            kw["top_p"] = torch.full((R,), cfg["top_p"], dtype=torch.float32, device=dev)
-        if cfg["repetition_penalty"] != 1.0:
-            seqs = [r.prompt + r.generated for r in rs]
-            kw["repetition_penalty"] = torch.full(
-                (R,), cfg["repetition_penalty"], dtype=torch.float32, device=dev
-            )
-            kw["penalty_tokens"] = to_device([t for s in seqs for t in s], dev, torch.int64)
-            ptr = [0]
-            for s in seqs:
-                ptr.append(ptr[-1] + len(s))
-            kw["penalty_indptr"] = to_device(ptr, dev, torch.int64)
-        return kw
-
-    def _accept(self, logits, qo, q, tokens, verify_len, rs, cfg, seed) -> tuple[Tensor, Tensor, Tensor]:
-        """Rejection sampling; ``(accepted, out_tokens, logits_finite)``, all on the device (nothing read)."""
-        dev = logits.device
-        R = len(rs)
-        temp = torch.full((R,), cfg["temperature"], dtype=torch.float32, device=dev)
-        rids = to_device([r.rid for r in rs], dev, torch.int64)
-        offset = self._offset
-        self._offset += 1
-        logits = logits.float()
-        finite = all_finite(logits)
-        # NaN/inf rows would make the sampler's output meaningless; they are replaced here so it runs safely and
-        # the round is failed on the host (before anything is committed) from the ``finite`` flag
-        logits = sanitized(logits, finite)
-        accepted, out_tokens = rejection_sample(
-            logits,
-            to_device(qo, dev, torch.int32),
-            q,
-            tokens,
-            to_device(verify_len, dev, torch.int32),
-            temp,
-            seed,
-            offset,
-            rids,
-            **self._sample_params(rs, cfg, dev),
+    def _fail(self, r: Request, need: int, failed: list[Request]) -> None:
+        pool = self.adapter.pool
+        r.fail(
+            f"needs {need} KV pages of {pool.page_size} tokens for its prefill and one round "
+            f"({self._peak_tokens(r)} tokens) but the pool holds at most {pool.max_pages} (max_kv_pages)"
         )
-        return accepted, out_tokens, finite
-
-    def _prefill(self, rs: list[_Request], cfg: dict, seed: int, stats: DSparkStats) -> None:
-        """Put prompts (and, for preempted requests, their committed tokens) in the caches; draw first tokens."""
-        batch = []
-        for r in rs:
-            self.adapter.add_request(r.rid)
-            toks = r.prompt + r.generated[:-1]
-            batch.append((r.rid, toks, "last"))
-        t0 = time.perf_counter()
-        out = self.adapter.forward(batch, layers=self.taps)
-        stats.add_time("verify", time.perf_counter() - t0)
-        feats = self._features(out, torch.arange(out.qo_indptr[-1]))
-        sizes = [out.qo_indptr[i + 1] - out.qo_indptr[i] for i in range(len(rs))]
-        self.drafter.append_context([r.rid for r in rs], list(feats.split(sizes)), positions=[0] * len(rs))
-        for r in rs:
-            r.started = True
-        idx = [i for i, r in enumerate(rs) if not r.generated]
-        new = [rs[i] for i in idx]
-        if new:
-            logits = torch.cat([out.request_logits(i) for i in idx])
-            V = logits.shape[-1]
-            dummy_q = torch.zeros(len(new), 1, V, dtype=torch.float32, device=logits.device)
-            dummy_x = torch.zeros(len(new), 1, dtype=torch.int64, device=logits.device)
-            vl = torch.ones(len(new), dtype=torch.int32)
-            _, out_tokens, finite = self._accept(
-                logits, list(range(len(new) + 1)), dummy_q, dummy_x, vl, new, cfg, seed
-            )
-            out_tokens, finite = self.host.fetch(out_tokens[:, 0], finite)
-            if not bool(finite):
-                raise RuntimeError("target verify: the target produced NaN/inf logits")
-            for j, r in enumerate(new):
-                self._commit(r, [int(out_tokens[j])])
-        for r in rs:
-            if r.generated and not r.stop.finished:
-                r.anchor = r.generated[-1]
-
-    def _commit(self, r: _Request, tokens: list[int]) -> list[int]:
-        kept = r.stop.commit(tokens)
-        text = r.stream.push(kept, final=r.stop.finished) if r.stream is not None else None
-        r.events.append(StreamEvent(r.index, kept, text, r.stop.finished, r.stop.finish_reason))
-        return kept
-
-    def _round(self, rs: list[_Request], cfg: dict, seed: int, speculative: bool, stats: DSparkStats) -> None:
-        """draft -> Markov sampling -> plan -> one ragged verify -> rejection sampling -> commit.
-
-        Host reads: one per round (accepted counts and tokens, NaN flags, survival for the stats), plus one for
-        the plan when a planner mode other than ``full`` decides the verify lengths (they shape the target's
-        packed batch). Draft tokens go to the target without passing through the host.
-        """
-        rs = [r for r in rs if r.started and not r.stop.finished]
-        if not rs:
-            return
-        R, g = len(rs), self.gamma
-        dev = self.adapter.device
-        anchors = torch.tensor([r.anchor for r in rs], dtype=torch.int64)
-        survival = conf_logit = None
-        q_finite = None
-        t0 = time.perf_counter()
-        if speculative:
-            adaptive = (
-                self.adaptive_slots
-                and self.drafter.confidence_head is not None
-                and self.planner.effective_mode != "full"
-            )
-            g = self._slots if adaptive else g
-            d = self.drafter.draft(
-                [r.rid for r in rs],
-                anchors,
-                cfg["temperature"],
-                seed,
-                self._offset,
-                None if self.sts is None else self.sts[:g],
-                sts_bias=None if self.sts_bias is None else self.sts_bias[:g],
-                num_positions=g,  # a shorter γ than the drafter's block skips the unused slots' sampling
-            )
-            self._offset += 1
-            V = self.drafter.config.vocab_size
-            q = d.draft_logits.float()  # [R, g, V]: the drafter drafted g slots
-            # the NaN/inf flag is read with the round's results; q is sanitised so the round can run
-            q_finite = all_finite(q)
-            q = sanitized(q, q_finite).contiguous()
-            drafts = d.tokens.clamp(0, V - 1)
-            t1 = time.perf_counter()
-            stats.add_time("markov_sample", d.markov_seconds)
-            stats.add_time("draft", t1 - t0 - d.markov_seconds)
-            full = torch.full((R,), g + 1, dtype=torch.int32)
-            if d.survival is not None:
-                survival = d.survival.contiguous()
-                conf_logit = d.conf_logit
-                plan = self.planner.plan(survival, [r.rid for r in rs])
-                if plan.mode == "full":  # every draft is verified: nothing to read
-                    verify_len, budget = full, R * g
-                else:
-                    verify_len, budget_t = self.host.fetch(plan.verify_len, plan.budget)
-                    budget = int(budget_t)
-                    if adaptive:  # next round: one slot past the most this plan verified, at most γ
-                        self._slots = min(self.gamma, int(verify_len.max()))
-            else:  # no confidence head (DFlash): nothing to plan with
-                verify_len, budget = full, R * g
-            t0 = time.perf_counter()
-            stats.add_time("plan", t0 - t1)
-            # [R, 1 + γ] on the device
-            rows = torch.cat([to_device(anchors, drafts.device)[:, None], drafts], 1)
-        else:
-            V = self.drafter.config.vocab_size
-            drafts = torch.zeros(R, 1, dtype=torch.int64, device=dev)
-            q = torch.zeros(R, 1, V, dtype=torch.float32, device=dev)
-            verify_len, budget = torch.ones(R, dtype=torch.int32), 0
-            rows = anchors[:, None]
-        lens = verify_len.tolist()  # a CPU tensor here
-        batch = [(r.rid, rows[i, : lens[i]], "all") for i, r in enumerate(rs)]
-        out = self.adapter.forward(batch, layers=self.taps)
-        t1 = time.perf_counter()
-        stats.add_time("verify", t1 - t0)
-        accepted, out_tokens, l_finite = self._accept(
-            out.logits, out.qo_indptr, q, drafts, verify_len, rs, cfg, seed
-        )
-        acc_h, tokens_h, l_ok, q_ok, surv_h = self.host.fetch(
-            accepted, out_tokens, l_finite, q_finite, survival
-        )
-        if q_ok is not None and not bool(q_ok):
-            raise RuntimeError("draft: the drafter produced NaN/inf logits")
-        if not bool(l_ok):
-            raise RuntimeError("target verify: the target produced NaN/inf logits")
-        t0 = time.perf_counter()
-        stats.add_time("accept", t0 - t1)
-        if speculative and self.round_observer is not None:
-            self.round_observer(
-                RoundRecord(
-                    [r.index for r in rs],
-                    conf_logit,
-                    drafts,
-                    q,
-                    out.logits,
-                    list(out.qo_indptr),
-                    verify_len,
-                    accepted,
-                    cfg["temperature"],
-                )
-            )
-            t0 = time.perf_counter()  # the observer's time is not the commit's
-        acc = acc_h.tolist()
-        emitted_rows = tokens_h.tolist()
-        emitted, cont_ids, cont_rows = [], [], []
-        for i, r in enumerate(rs):
-            a = acc[i]
-            committed_len = self.adapter.length(r.rid) - lens[i] + 1 + a  # anchor + accepted drafts
-            self.adapter.truncate(r.rid, committed_len)
-            kept = self._commit(r, emitted_rows[i][: a + 1])
-            emitted.append(len(kept))
-            if not r.stop.finished:
-                cont_ids.append(r.rid)
-                cont_rows.append((out.qo_indptr[i], a + 1))
-                r.anchor = kept[-1]
-        if cont_ids:  # one batched append of the committed rows' target features
-            feats = self._features(out, torch.cat([torch.arange(s, s + n) for s, n in cont_rows]))
-            self.drafter.append_context(cont_ids, list(feats.split([n for _, n in cont_rows])))
-        stats.record_round(lens, acc, emitted, surv_h.tolist() if surv_h is not None else None, budget)
-        stats.add_time("commit", time.perf_counter() - t0)
+        failed.append(r)

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-STAGES = ("draft", "markov_sample", "plan", "verify", "accept", "commit")
+STAGES = ("draft", "markov_sample", "confidence", "plan", "verify", "accept", "commit")
 
 
 @dataclass
@@ -108,6 +110,17 @@ class DSparkStats:
         if stage not in self.seconds:
             raise ValueError(f"DSparkStats.add_time: unknown stage {stage!r}; stages are {STAGES}")
         self.seconds[stage] += float(seconds)
+
+    @contextmanager
+    def stage(self, stage: str) -> Iterator[None]:
+        """Add the host time of the ``with`` body to ``stage`` (one of :data:`STAGES`)."""
+        if stage not in self.seconds:
+            raise ValueError(f"DSparkStats.stage: unknown stage {stage!r}; stages are {STAGES}")
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] += time.perf_counter() - t0
 
     def merge(self, other: DSparkStats) -> DSparkStats:
         """Add ``other``'s counters into this one (same gamma); returns self."""

@@ -61,6 +61,18 @@ class DraftOutput:
     markov_seconds: float = 0.0  # host time of the Markov sampling step (launch time only on CUDA)
 
 
+@dataclasses.dataclass
+class DraftProposal:
+    """What :meth:`DSparkDrafter.propose` hands to sampling: ``request_ids`` ``(R,)`` and ``anchors`` ``(R,)``
+    int64 on the drafter's device, ``hidden`` ``(R, g, H)`` final-normed, ``base_logits`` ``U`` ``(R, g, V)``
+    (``(R, g, V')`` over a draft vocabulary)."""
+
+    request_ids: Tensor
+    anchors: Tensor
+    hidden: Tensor
+    base_logits: Tensor
+
+
 def _detach(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.detach()
 
@@ -548,45 +560,18 @@ class DSparkDrafter(nn.Module):
         return self.norm(x).view(R, g, -1)
 
     @torch.no_grad()
-    def draft(
+    def propose(
         self,
         request_ids: Sequence[int] | Tensor,
         anchors: Tensor,
-        temperature: float | Tensor = 0.0,
-        seed: int = 0,
-        offset: int = 0,
-        sts_temperature: Tensor | None = None,
         *,
-        sts_bias: Tensor | None = None,
         start_positions: Sequence[int] | None = None,
-        return_base_logits: bool = False,
         num_positions: int | None = None,
-    ) -> DraftOutput:
-        """One draft round for R requests: backbone, Markov sampling, confidence.
+    ) -> DraftProposal:
+        """Step 1 of a draft: the block forward and the LM head, ``U = lm_head(hidden)`` for ``g`` slots.
 
-        Parameters
-        ----------
-        request_ids : sequence of int or Tensor
-            R distinct request ids; they select the contexts and key the sampling noise.
-        anchors : Tensor
-            ``(R,)`` int64: each request's last committed token (at its :meth:`next_position`).
-        temperature : float or Tensor
-            Scalar or ``(R,)`` float; 0 = greedy (argmax).
-        seed, offset : int
-            Philox stream of this round (``offset`` advances once per round).
-        sts_temperature : Tensor, optional
-            ``(γ,)`` float32 STS temperatures of the confidence (ones when None).
-        sts_bias : Tensor, optional
-            ``(γ,)`` float32 offsets of affine STS, ``conf = sigmoid(logit / T + o)`` (zeros when None).
-        start_positions : sequence of int, optional
-            Anchor positions; default each request's :meth:`next_position`.
-        return_base_logits : bool
-            Also return ``U`` (the logits before the Markov bias).
-        num_positions : int, optional
-            Draft only the first ``g`` slots (default: all γ). The backbone still runs the whole block, and the
-            sampling noise is keyed by position, so the result equals the first ``g`` slots of a full draft; the
-            LM head, Markov sampling and confidence skip the rest. Outputs are ``(R, g, ...)`` and the STS
-            vectors have ``g`` entries.
+        Arguments as in :meth:`draft`. The backbone always runs the whole block; only the first ``g`` slots
+        reach the LM head.
         """
         ids_t = torch.as_tensor(
             request_ids.tolist() if isinstance(request_ids, Tensor) else list(request_ids), dtype=torch.int64
@@ -627,23 +612,96 @@ class DSparkDrafter(nn.Module):
             # F.linear down a batched path that copies the whole weight
             W = self.lm_head_weight if vocab is None else vocab.lm_head
             U = cpu_linear.linear(hidden.reshape(R * g, -1), W).view(R, g, -1)
-        ids_dev = to_device(ids_t, self.device)
-        t_markov = time.perf_counter()
+        return DraftProposal(to_device(ids_t, self.device), anchors, hidden, U)
+
+    @torch.no_grad()
+    def sample(
+        self, proposal: DraftProposal, temperature: float | Tensor, seed: int, offset: int
+    ) -> MarkovSample:
+        """Step 2 of a draft: Markov sampling of the proposal's slots (tokens, ``z`` over the whole vocabulary,
+        ``prev_emb``). The noise is keyed by ``(seed, offset, request id, slot)``."""
+        p, vocab = proposal, self._vocab_tables()
         if self.markov_head is not None:
-            s: MarkovSample = self.markov_head.sample(
-                U, anchors, temperature, seed, offset, hidden, ids_dev, vocab=vocab
+            s = self.markov_head.sample(
+                p.base_logits, p.anchors, temperature, seed, offset, p.hidden, p.request_ids, vocab=vocab
             )
         else:  # DFlash: no Markov bias (z = U)
-            s = sample_without_markov(U, anchors, temperature, seed, offset, ids_dev, vocab=vocab)
-        z, base = s.logits, (U if return_base_logits else None)
-        if vocab is not None:  # the verifier takes q over the whole vocabulary: 0 outside the draft one
-            V = self.config.vocab_size
-            z = expand_to_vocab(z, vocab.token_ids, V)
-            base = None if base is None else expand_to_vocab(base, vocab.token_ids, V)
-        out = DraftOutput(s.tokens, z, s.prev_emb, hidden, base)
-        out.markov_seconds = time.perf_counter() - t_markov
-        if self.confidence_head is not None:
-            out.conf_logit, out.conf, out.survival = self.confidence_head(
-                hidden, s.prev_emb, sts_temperature, sts_bias
+            s = sample_without_markov(
+                p.base_logits, p.anchors, temperature, seed, offset, p.request_ids, vocab=vocab
             )
+        if vocab is not None:  # the verifier takes q over the whole vocabulary: 0 outside the draft one
+            s = MarkovSample(
+                s.tokens, expand_to_vocab(s.logits, vocab.token_ids, self.config.vocab_size), s.prev_emb
+            )
+        return s
+
+    def score(
+        self,
+        hidden: Tensor,
+        prev_emb: Tensor,
+        sts_temperature: Tensor | None = None,
+        sts_bias: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Step 3 of a draft: ``(conf_logit, conf, survival)`` ``(R, g)`` of the confidence head (None without)."""
+        if self.confidence_head is None:
+            return None
+        return self.confidence_head(hidden, prev_emb, sts_temperature, sts_bias)
+
+    @torch.no_grad()
+    def draft(
+        self,
+        request_ids: Sequence[int] | Tensor,
+        anchors: Tensor,
+        temperature: float | Tensor = 0.0,
+        seed: int = 0,
+        offset: int = 0,
+        sts_temperature: Tensor | None = None,
+        *,
+        sts_bias: Tensor | None = None,
+        start_positions: Sequence[int] | None = None,
+        return_base_logits: bool = False,
+        num_positions: int | None = None,
+    ) -> DraftOutput:
+        """One draft round for R requests: :meth:`propose`, :meth:`sample`, :meth:`score`.
+
+        Parameters
+        ----------
+        request_ids : sequence of int or Tensor
+            R distinct request ids; they select the contexts and key the sampling noise.
+        anchors : Tensor
+            ``(R,)`` int64: each request's last committed token (at its :meth:`next_position`).
+        temperature : float or Tensor
+            Scalar or ``(R,)`` float; 0 = greedy (argmax).
+        seed, offset : int
+            Philox stream of this round (``offset`` advances once per round).
+        sts_temperature : Tensor, optional
+            ``(γ,)`` float32 STS temperatures of the confidence (ones when None).
+        sts_bias : Tensor, optional
+            ``(γ,)`` float32 offsets of affine STS, ``conf = sigmoid(logit / T + o)`` (zeros when None).
+        start_positions : sequence of int, optional
+            Anchor positions; default each request's :meth:`next_position`.
+        return_base_logits : bool
+            Also return ``U`` (the logits before the Markov bias).
+        num_positions : int, optional
+            Draft only the first ``g`` slots (default: all γ). The backbone still runs the whole block, and the
+            sampling noise is keyed by position, so the result equals the first ``g`` slots of a full draft; the
+            LM head, Markov sampling and confidence skip the rest. Outputs are ``(R, g, ...)`` and the STS
+            vectors have ``g`` entries.
+        """
+        p = self.propose(request_ids, anchors, start_positions=start_positions, num_positions=num_positions)
+        t_markov = time.perf_counter()
+        s = self.sample(p, temperature, seed, offset)
+        base = None
+        if return_base_logits:
+            vocab = self._vocab_tables()
+            base = (
+                p.base_logits
+                if vocab is None
+                else expand_to_vocab(p.base_logits, vocab.token_ids, self.config.vocab_size)
+            )
+        out = DraftOutput(s.tokens, s.logits, s.prev_emb, p.hidden, base)
+        out.markov_seconds = time.perf_counter() - t_markov
+        scored = self.score(p.hidden, s.prev_emb, sts_temperature, sts_bias)
+        if scored is not None:
+            out.conf_logit, out.conf, out.survival = scored
         return out

@@ -29,6 +29,7 @@ from dspark.models.cpu_linear import plain_linears, weight_stationary_linears
 from dspark.ops import paged_kv_append, paged_verify_attention
 
 ATTN_NAME = "dspark"
+_USERS_ATTR = "_dspark_attention_users"  # set on a model while adapters use it: {"count", "previous"}
 TESTED_FAMILIES = ("llama (incl. SmolLM2)", "qwen2", "qwen3", "mistral")
 _SUPPORT_NOTE = (
     "dspark's TargetAdapter supports decoder-only causal LMs (XxxForCausalLM) whose attention goes through "
@@ -208,7 +209,8 @@ def tap_layers(layers: nn.ModuleList, layer_ids: Sequence[int], store: Any) -> l
     return handles
 
 
-def _decoder_layers(model: nn.Module) -> nn.ModuleList | None:
+def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
+    """The decoder layers of a Llama-style causal LM (``model.model.layers``), or None where it has none."""
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     return layers if isinstance(layers, nn.ModuleList) else None
@@ -228,7 +230,7 @@ def check_supported(model: nn.Module) -> None:
             reasons.append("it is not a causal LM with an LM head")
         if not getattr(model, "_supports_attention_backend", False):
             reasons.append("its attention does not go through transformers' AttentionInterface")
-        layers = _decoder_layers(model)
+        layers = decoder_layers(model)
         if layers is None or not all(hasattr(getattr(m, "self_attn", None), "layer_idx") for m in layers):
             reasons.append(
                 "its decoder layers (model.model.layers[i].self_attn with layer_idx) were not found"
@@ -318,14 +320,21 @@ class TargetAdapter:
         self.v_cache = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
         ]
-        self._layers = _decoder_layers(model)
+        self._layers = decoder_layers(model)
         self._linears = plain_linears(model)  # found once: each forward routes them (few-row fp32 on CPU)
         # Handed to the model as its attention mask: transformers returns a 4-D mask as it is, before its
         # packed-sequence check of position_ids, which reads a device value back (a sync on every forward).
         # dspark attention ignores it and masks from the ragged metadata.
         self._mask_placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
         register_dspark_attention()
-        self._previous_attn = getattr(model.config, "_attn_implementation", None)
+        # Adapters over one model share its switch: the first records the model's own implementation and the
+        # last one closed restores it (a later adapter must not record "dspark" as the model's own).
+        users = getattr(model, _USERS_ATTR, None)
+        if users is None:
+            users = {"count": 0, "previous": getattr(model.config, "_attn_implementation", None)}
+            setattr(model, _USERS_ATTR, users)
+        users["count"] += 1
+        self._closed = False
         model.set_attn_implementation(ATTN_NAME)
 
     # ---- requests ---------------------------------------------------------------------------------------------
@@ -346,10 +355,17 @@ class TargetAdapter:
         self.pool.finish(rid)
 
     def close(self) -> None:
-        """Restore the model's previous attention implementation and drop the caches."""
-        if self._previous_attn is not None:
-            self.model.set_attn_implementation(self._previous_attn)
+        """Drop the caches; the last open adapter of the model restores its own attention (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         self.k_cache, self.v_cache = [], []
+        users = getattr(self.model, _USERS_ATTR)
+        users["count"] -= 1
+        if users["count"] == 0:
+            delattr(self.model, _USERS_ATTR)
+            if users["previous"] is not None:
+                self.model.set_attn_implementation(users["previous"])
 
     # ---- forward ------------------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -1,0 +1,349 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One decoding round, top to bottom: draft → Markov sample → confidence → plan → verify → accept → commit.
+
+:func:`decode_round` is the algorithm (DESIGN §5, docs/decoder.md "One round"); the functions below it are its
+steps, in order. :func:`prefill` puts new (or resumed) requests into the caches and draws their first tokens.
+The scheduler that decides which requests run (admission, preemption, streaming) is ``decoder.py``.
+
+Host reads: one per round after rejection sampling (accepted counts and tokens, NaN/inf flags, survival for the
+stats), plus one for the plan when a planner mode other than ``full`` sets the verify lengths (they shape the
+target's packed batch). Draft tokens reach the target without passing through the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from dspark.decoding.inputs import SamplingConfig
+from dspark.decoding.planner import Planner
+from dspark.decoding.request import Request
+from dspark.decoding.sampling import accept_drafts, sample_next
+from dspark.decoding.stats import DSparkStats
+from dspark.host_sync import HostReader, all_finite, rows_finite, sanitized, to_device
+from dspark.models.drafter import DraftProposal, DSparkDrafter
+from dspark.models.heads import MarkovSample
+from dspark.models.target import TargetAdapter, TargetOutput
+
+
+class Engine(Protocol):
+    """What a round uses of the decoder (``DSparkDecoder`` is one)."""
+
+    adapter: TargetAdapter
+    drafter: DSparkDrafter | None
+    planner: Planner
+    gamma: int
+    sts: Tensor | None
+    sts_bias: Tensor | None
+    taps: list[int]
+    adaptive_slots: bool
+    host: HostReader
+    round_observer: Callable[[RoundRecord], None] | None
+
+
+@dataclass
+class CallState:
+    """What one generate call carries from round to round.
+
+    ``offset`` is the Philox round counter: every random draw of the call takes its own (:meth:`take_offset`),
+    so no two draws share noise. ``slots``: drafts the next round drafts when ``adaptive_slots`` applies.
+    """
+
+    sampling: SamplingConfig
+    drafting: bool  # speculative rounds (a drafter, γ > 0 and speculative=True)
+    stats: DSparkStats
+    slots: int
+    offset: int = 0
+
+    def take_offset(self) -> int:
+        self.offset += 1
+        return self.offset - 1
+
+
+@dataclass
+class RoundRecord:
+    """What one speculative round drafted, verified and accepted (passed to ``round_observer``).
+
+    R requests, γ drafts, V vocab. The tensors are the decoder's own (do not modify them).
+
+    Attributes
+    ----------
+    request_ids : list of int
+        Each row's request id (its position in the ``generate`` call).
+    conf_logit : Tensor or None
+        ``(R, γ)`` float32 raw confidence logits (before STS); None without a confidence head.
+    draft_tokens : Tensor
+        ``(R, γ)`` int64 drafts.
+    draft_logits : Tensor
+        ``(R, γ, V)`` float32 Markov-corrected draft logits (``q = softmax(z / T)``).
+    target_logits : Tensor
+        ``(sum(verify_len), V)`` target logits of the packed verify rows, before any sampling processor.
+    qo_indptr : list of int
+        ``R + 1`` offsets of each request's rows in ``target_logits`` (row ``k`` of request ``r`` scores draft
+        ``k``; row ``verify_len[r] - 1`` is the bonus row).
+    verify_len : Tensor
+        ``(R,)`` int32 verified rows per request (anchor + admitted drafts).
+    accepted : Tensor
+        ``(R,)`` int32 accepted drafts per request.
+    temperature : float
+        Sampling temperature of the round (0 = greedy).
+    """
+
+    request_ids: list[int]
+    conf_logit: Tensor | None
+    draft_tokens: Tensor
+    draft_logits: Tensor
+    target_logits: Tensor
+    qo_indptr: list[int]
+    verify_len: Tensor
+    accepted: Tensor
+    temperature: float
+
+
+@dataclass
+class RoundState:
+    """The values one round's steps hand on (R requests, g drafted slots, V vocabulary)."""
+
+    requests: list[Request]
+    anchors: Tensor  # (R,) int64, host
+    slots: int  # g; 0 for a plain-decoding round
+    proposal: DraftProposal | None = None
+    sample: MarkovSample | None = None
+    draft_logits: Tensor | None = None  # (R, g, V) float32, finite (sanitised)
+    draft_ok: Tensor | None = None  # 0-d bool (device): the drafter's logits were finite
+    conf_logit: Tensor | None = None
+    survival: Tensor | None = None  # (R, g) float32
+    verify_len: Tensor | None = None  # (R,) int32, host
+    budget: int = 0
+    target: TargetOutput | None = None
+    accepted: Tensor | None = None  # (R,) int32, device
+    out_tokens: Tensor | None = None  # (R, g + 1) int64, device
+    accepted_host: list[int] = field(default_factory=list)
+    tokens_host: list[list[int]] = field(default_factory=list)
+    survival_host: list[list[float]] | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        return [r.rid for r in self.requests]
+
+
+def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> None:
+    """One round for the running ``requests``: each step is one call, timed under its stage name."""
+    stats = call.stats
+    r = RoundState(requests, torch.tensor([q.anchor for q in requests]), drafted_slots(engine, call))
+    if r.slots:
+        draft_offset = call.take_offset()
+        with stats.stage("draft"):
+            r.proposal = engine.drafter.propose(r.ids, r.anchors, num_positions=r.slots)
+        with stats.stage("markov_sample"):
+            markov_sample(engine, call.sampling, draft_offset, r)
+        with stats.stage("confidence"):
+            confidence(engine, r)
+        with stats.stage("plan"):
+            plan(engine, call, r)
+    else:  # plain decoding: the anchor row alone
+        r.verify_len = torch.ones(len(requests), dtype=torch.int32)
+    accept_offset = call.take_offset()
+    with stats.stage("verify"):
+        verify(engine, r)
+    with stats.stage("accept"):
+        accept(engine, call.sampling, accept_offset, r)
+    observe(engine, call.sampling, r)
+    with stats.stage("commit"):
+        commit(engine, call, r)
+
+
+def drafted_slots(engine: Engine, call: CallState) -> int:
+    """Slots to draft: 0 without drafting; with a cost-driven plan and ``adaptive_slots``, one past the last
+    plan's longest verify (the first slots' drafts do not depend on how many are drafted)."""
+    if not call.drafting:
+        return 0
+    adaptive = (
+        engine.adaptive_slots
+        and engine.drafter.confidence_head is not None
+        and engine.planner.effective_mode != "full"
+    )
+    return call.slots if adaptive else engine.gamma
+
+
+def markov_sample(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState) -> None:
+    """Draw the drafts; ``q`` is what they were drawn from. NaN/inf drafter logits are flagged (read with the
+    round's results) and zeroed so that the ops run; the round then fails naming the draft stage."""
+    p = r.proposal
+    base_ok = all_finite(p.base_logits)
+    p.base_logits = sanitized(p.base_logits, base_ok)
+    r.sample = engine.drafter.sample(p, sampling.temperature, sampling.seed, offset)
+    q = r.sample.logits.float()
+    q_ok = all_finite(q)
+    r.draft_ok = base_ok & q_ok
+    r.draft_logits = sanitized(q, q_ok).contiguous()
+
+
+def confidence(engine: Engine, r: RoundState) -> None:
+    """Survival ``(R, g)`` of the drafts from the confidence head (none for a drafter without one)."""
+    g = r.slots
+    sts = None if engine.sts is None else engine.sts[:g]
+    bias = None if engine.sts_bias is None else engine.sts_bias[:g]
+    scored = engine.drafter.score(r.proposal.hidden, r.sample.prev_emb, sts, bias)
+    if scored is not None:
+        r.conf_logit, _, survival = scored
+        r.survival = survival.contiguous()
+
+
+def plan(engine: Engine, call: CallState, r: RoundState) -> None:
+    """Verify lengths (anchor + admitted drafts) from the survival; every draft without a confidence head."""
+    R, g = len(r.requests), r.slots
+    r.verify_len, r.budget = torch.full((R,), g + 1, dtype=torch.int32), R * g
+    if r.survival is None:  # nothing to plan with (DFlash)
+        return
+    result = engine.planner.plan(r.survival, r.ids)
+    if result.mode == "full":  # every draft is verified: nothing to read
+        return
+    r.verify_len, budget = engine.host.fetch(result.verify_len, result.budget)
+    r.budget = int(budget)
+    if engine.adaptive_slots:  # next round: one slot past the most this plan verified, at most γ
+        call.slots = min(engine.gamma, int(r.verify_len.max()))
+
+
+def verify(engine: Engine, r: RoundState) -> None:
+    """One target forward over every request's ``[anchor, x_1 .. x_{l-1}]`` (paged KV, ragged)."""
+    lens = r.verify_len.tolist()
+    rows = r.anchors[:, None]
+    if r.slots:
+        rows = torch.cat([to_device(r.anchors, r.sample.tokens.device)[:, None], r.sample.tokens], 1)
+    batch = [(rid, rows[i, : lens[i]], "all") for i, rid in enumerate(r.ids)]
+    r.target = engine.adapter.forward(batch, layers=engine.taps)
+
+
+def accept(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState) -> None:
+    """Rejection sampling of the drafts (a plain draw from ``p`` without drafts), then the round's one read.
+
+    Fails the round before anything is committed when the drafter's logits, or a target row whose value the
+    committed tokens depend on (rows up to and including the first rejection or the bonus row), are NaN/inf.
+    """
+    logits = r.target.logits.float()
+    finite = rows_finite(logits)
+    logits = sanitized(logits, finite)
+    R, V, g = len(r.requests), logits.shape[-1], r.slots
+    q = r.draft_logits if g else torch.empty(R, 0, V, dtype=torch.float32, device=logits.device)
+    drafts = r.sample.tokens.clamp(0, V - 1) if g else torch.empty(R, 0, dtype=torch.int64, device=q.device)
+    histories = [q_.prompt + q_.generated for q_ in r.requests]
+    r.accepted, r.out_tokens = accept_drafts(
+        logits, r.target.qo_indptr, q, drafts, r.verify_len, sampling, offset, r.ids, histories
+    )
+    acc, tokens, finite_h, draft_ok, surv = engine.host.fetch(
+        r.accepted, r.out_tokens, finite, r.draft_ok, r.survival
+    )
+    if draft_ok is not None and not bool(draft_ok):
+        raise RuntimeError("draft: the drafter produced NaN/inf logits")
+    r.accepted_host, r.tokens_host = acc.tolist(), tokens.tolist()
+    qo = r.target.qo_indptr
+    for i, a in enumerate(r.accepted_host):
+        if not bool(finite_h[qo[i] : qo[i] + a + 1].all()):
+            raise RuntimeError(
+                f"target verify: the target produced NaN/inf logits (request {r.requests[i].index}, a row its "
+                "next tokens depend on)"
+            )
+    r.survival_host = surv.tolist() if surv is not None else None
+
+
+def observe(engine: Engine, sampling: SamplingConfig, r: RoundState) -> None:
+    """Hand the round to ``round_observer`` (calibration data) after a speculative round."""
+    if engine.round_observer is None or not r.slots:
+        return
+    engine.round_observer(
+        RoundRecord(
+            [q.index for q in r.requests],
+            r.conf_logit,
+            r.sample.tokens,
+            r.draft_logits,
+            r.target.logits,
+            list(r.target.qo_indptr),
+            r.verify_len,
+            r.accepted,
+            sampling.temperature,
+        )
+    )
+
+
+def commit(engine: Engine, call: CallState, r: RoundState) -> None:
+    """Cut the target KV back to the committed tokens, apply the stop rules, feed the drafter the target
+    features of the committed rows, record the round."""
+    lens = r.verify_len.tolist()
+    emitted, cont_ids, cont_rows = [], [], []
+    for i, req in enumerate(r.requests):
+        a = r.accepted_host[i]
+        committed_len = engine.adapter.length(req.rid) - lens[i] + 1 + a  # anchor + accepted drafts
+        engine.adapter.truncate(req.rid, committed_len)
+        emitted.append(len(req.commit(r.tokens_host[i][: a + 1])))
+        if not req.done:
+            cont_ids.append(req.rid)
+            cont_rows.append((r.target.qo_indptr[i], a + 1))
+    if call.drafting and cont_ids:  # one batched append of the committed rows' target features
+        rows = torch.cat([torch.arange(s, s + n) for s, n in cont_rows])
+        feats = target_features(engine, r.target, rows)
+        engine.drafter.append_context(cont_ids, list(feats.split([n for _, n in cont_rows])))
+    call.stats.record_round(lens, r.accepted_host, emitted, r.survival_host, r.budget)
+
+
+def target_features(engine: Engine, out: TargetOutput, rows: Tensor) -> Tensor:
+    """The drafter's input features ``(n, m·H)``: the tapped layers' outputs of the target at ``rows``."""
+    rows = to_device(rows, out.hidden[engine.taps[0]].device)  # a CPU index would copy (and sync) per layer
+    return torch.cat([out.hidden[layer][rows] for layer in engine.taps], -1)
+
+
+def prefill(engine: Engine, call: CallState, requests: list[Request]) -> None:
+    """Put the requests' prompts (and, for resumed ones, their committed tokens) into the caches; draw the first
+    token of the new ones from ``p``. A failure leaves no trace of these requests in the caches."""
+    try:
+        for req in requests:
+            engine.adapter.add_request(req.rid)
+        with call.stats.stage("verify"):
+            batch = [(req.rid, req.prompt + req.generated[:-1], "last") for req in requests]
+            out = engine.adapter.forward(batch, layers=engine.taps if call.drafting else ())
+        if call.drafting:
+            feats = target_features(engine, out, torch.arange(out.qo_indptr[-1]))
+            sizes = [out.qo_indptr[i + 1] - out.qo_indptr[i] for i in range(len(requests))]
+            engine.drafter.append_context(
+                [q.rid for q in requests], list(feats.split(sizes)), [0] * len(sizes)
+            )
+        new = [i for i, req in enumerate(requests) if not req.generated]
+        if new:
+            draw_first_tokens(engine, call, [requests[i] for i in new], out.logits[new])
+    except BaseException:
+        for req in requests:
+            release(engine, req)
+        raise
+    for req in requests:
+        req.started = True
+        if req.generated and not req.done:
+            req.anchor = req.generated[-1]
+
+
+def draw_first_tokens(engine: Engine, call: CallState, requests: list[Request], logits: Tensor) -> None:
+    """Each new request's first token, drawn from ``p`` of its last prompt row."""
+    logits = logits.float()
+    finite = all_finite(logits)
+    offset = call.take_offset()
+    histories = [q.prompt for q in requests]
+    tokens = sample_next(
+        sanitized(logits, finite), call.sampling, offset, [q.rid for q in requests], histories
+    )
+    tokens, finite = engine.host.fetch(tokens, finite)
+    if not bool(finite):
+        raise RuntimeError("target verify: the target produced NaN/inf logits")
+    for req, tok in zip(requests, tokens.tolist(), strict=True):
+        req.commit([tok])
+
+
+def release(engine: Engine, req: Request) -> None:
+    """Free the request's KV pages and drafter context (it keeps its committed tokens)."""
+    if req.rid in engine.adapter.pool:
+        engine.adapter.finish(req.rid)
+    if engine.drafter is not None:
+        engine.drafter.finish(req.rid)
+    req.started = False
