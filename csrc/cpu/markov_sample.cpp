@@ -3,9 +3,9 @@
 // For k = 0..g-1 (left to right): e = W1[x_{k-1}] (x_{-1} = anchor), z_k = U_k + W2 e, x_k = argmax(z_k / T +
 // G) with keyed Philox Gumbel noise G (argmax of z_k when T = 0). Each step runs parallel over vocabulary
 // tiles; a tile of W2 is read once per step and reused for every request from cache. The arithmetic
-// (markov_dot, draft_key, tie rule) is include/dspark/sampling.h, shared with the CUDA kernel, so tokens and
-// z agree bit for bit across devices. CPUs with AVX-512 run tile_avx512 (markov_sample_avx512.h: the same
-// operations 16 lanes at a time), others tile_step.
+// (markov_dot, temperature_scaled, the Gumbel key, best_of's tie rule) is include/dspark/sampling.h, shared
+// with the CUDA kernel, so tokens and z agree bit for bit across devices. CPUs with AVX-512 run tile_avx512
+// (markov_sample_avx512.h: the same operations 16 lanes at a time), others tile_step.
 #include "checks/markov_sample.h"
 
 #include <ATen/ATen.h>
@@ -28,20 +28,13 @@ constexpr int64_t kVocabTile = 256;
 // Gumbel value (u = 1 - 2^-24) is 16.64 and the smallest (u = 2^-24) is -2.82. Skipping its noise is exact.
 constexpr float kGumbelSpan = 19.5f;
 
-struct Best {
-  float key;
-  int64_t idx;
-};
-
 // The tile's winner among y[0 .. i1 - i0) = z / T (or z when T = 0): Gumbel-max with keyed Philox noise,
 // ties to the lowest index.
-Best select_tile(const float* y, int64_t i0, int64_t i1, float temperature, uint64_t seed, uint64_t offset,
-                 uint32_t request, uint32_t position) {
-  Best best{-INFINITY, -1};
+KeyIdx select_tile(const float* y, int64_t i0, int64_t i1, float temperature, uint64_t seed, uint64_t offset,
+                   uint32_t request, uint32_t position) {
+  KeyIdx best{-INFINITY, -1};
   if (temperature == 0.0f) {
-    for (int64_t i = i0; i < i1; ++i) {
-      if (best.idx < 0 || better(y[i - i0], i, best.key, best.idx)) best = {y[i - i0], i};
-    }
+    for (int64_t i = i0; i < i1; ++i) best = best_of(best, KeyIdx{y[i - i0], i});
     return best;
   }
   float ymax = -INFINITY;
@@ -57,7 +50,7 @@ Best select_tile(const float* y, int64_t i0, int64_t i1, float temperature, uint
       const int64_t i = b + c;
       if (i < i0 || i >= i1 || !(y[i - i0] >= cut)) continue;  // -inf logits never win
       const float key = add_rn(y[i - i0], uniform_to_gumbel(bits_to_uniform(words.v[c])));
-      if (best.idx < 0 || better(key, i, best.key, best.idx)) best = {key, i};
+      best = best_of(best, KeyIdx{key, i});
     }
   }
   return best;
@@ -66,24 +59,24 @@ Best select_tile(const float* y, int64_t i0, int64_t i1, float temperature, uint
 // One (vocab tile, request) unit of a step: writes z for the tile and returns the tile's best key.
 // -ffp-contract=off keeps mul and add unfused.
 template <typename TU, typename TW>
-__attribute__((always_inline)) inline Best tile_step(const TU* u_row, float* z_row, const TW* w2,
-                                                     const float* e, int64_t rank, int64_t i0, int64_t i1,
-                                                     float temperature, uint64_t seed, uint64_t offset,
-                                                     uint32_t request, uint32_t position) {
+__attribute__((always_inline)) inline KeyIdx tile_step(const TU* u_row, float* z_row, const TW* w2,
+                                                       const float* e, int64_t rank, int64_t i0, int64_t i1,
+                                                       float temperature, uint64_t seed, uint64_t offset,
+                                                       uint32_t request, uint32_t position) {
   float y[kVocabTile];
   for (int64_t i = i0; i < i1; ++i) {
     const float z = add_rn(static_cast<float>(u_row[i]), markov_dot(w2 + i * rank, e, rank));
     z_row[i] = z;
-    y[i - i0] = temperature == 0.0f ? z : div_rn(z, temperature);
+    y[i - i0] = temperature_scaled(z, temperature);
   }
   return select_tile(y, i0, i1, temperature, seed, offset, request, position);
 }
 
-using TileFn = Best (*)(const void*, float*, const void*, const float*, int64_t, int64_t, int64_t, float,
-                        uint64_t, uint64_t, uint32_t, uint32_t);
+using TileFn = KeyIdx (*)(const void*, float*, const void*, const float*, int64_t, int64_t, int64_t, float,
+                          uint64_t, uint64_t, uint32_t, uint32_t);
 
 #define DSPARK_TILE_CLONE(NAME, TU, TW)                                                                    \
-  __attribute__((target_clones("arch=x86-64-v3", "default"))) Best NAME(                                   \
+  __attribute__((target_clones("arch=x86-64-v3", "default"))) KeyIdx NAME(                                 \
       const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1,       \
       float t, uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                       \
     return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t, \
@@ -95,11 +88,11 @@ using TileFn = Best (*)(const void*, float*, const void*, const float*, int64_t,
 #if 0
 #define DSPARK_TILE(NAME, TU, TW) DSPARK_TILE_CLONE(NAME, TU, TW)
 #else
-#define DSPARK_TILE(NAME, TU, TW)                                                                          \
-  Best NAME(const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1, \
-            float t, uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                 \
-    return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t, \
-                             s, o, req, pos);                                                              \
+#define DSPARK_TILE(NAME, TU, TW)                                                                            \
+  KeyIdx NAME(const void* u, float* z, const void* w2, const float* e, int64_t rank, int64_t i0, int64_t i1, \
+              float t, uint64_t s, uint64_t o, uint32_t req, uint32_t pos) {                                 \
+    return tile_step<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e, rank, i0, i1, t,   \
+                             s, o, req, pos);                                                                \
   }
 #endif
 
@@ -134,7 +127,7 @@ template <typename TU, typename TW>
 DSPARK_AVX512 void tile_avx512(const TU* u, float* z, const TW* w2, const float* e2, int64_t nb, int64_t R,
                                int64_t G, int64_t V, int64_t rank, int64_t k, int64_t i0, int64_t i1,
                                const float* temps, uint64_t seed, uint64_t offset, const uint32_t* req,
-                               Best* out) {
+                               KeyIdx* out) {
   using namespace avx512;
   constexpr int64_t S = kVocabTile;
   static_assert(S % 64 == 0, "tiles are whole Philox groups of 64 ids");
@@ -191,18 +184,18 @@ DSPARK_AVX512 void tile_avx512(const TU* u, float* z, const TW* w2, const float*
     float key;
     int32_t idx;
     // no key above -inf: every id of the tile is -inf and the lowest one wins, as in select_tile
-    out[r] = argmax_finish(am, key, idx) ? Best{key, i0 + idx} : Best{-INFINITY, i0};
+    out[r] = argmax_finish(am, key, idx) ? KeyIdx{key, i0 + idx} : KeyIdx{-INFINITY, i0};
   }
 }
 
 using TileAllFn = void (*)(const void*, float*, const void*, const float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int64_t, const float*, uint64_t, uint64_t,
-                           const uint32_t*, Best*);
+                           const uint32_t*, KeyIdx*);
 
 template <typename TU, typename TW>
 void tile_avx512_erased(const void* u, float* z, const void* w2, const float* e2, int64_t nb, int64_t R,
                         int64_t G, int64_t V, int64_t rank, int64_t k, int64_t i0, int64_t i1, const float* t,
-                        uint64_t s, uint64_t o, const uint32_t* req, Best* out) {
+                        uint64_t s, uint64_t o, const uint32_t* req, KeyIdx* out) {
   tile_avx512<TU, TW>(static_cast<const TU*>(u), z, static_cast<const TW*>(w2), e2, nb, R, G, V, rank, k, i0,
                       i1, t, s, o, req, out);
 }
@@ -239,7 +232,7 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
   const size_t u_elem = c10::elementSize(tu);
   const char* w2p = static_cast<const char*>(w2c.data_ptr());
   const int64_t n_tiles = (V + kVocabTile - 1) / kVocabTile;
-  std::vector<Best> partial(static_cast<size_t>(n_tiles * R));
+  std::vector<KeyIdx> partial(static_cast<size_t>(n_tiles * R));
   std::vector<uint32_t> req(R);
   for (int64_t r = 0; r < R; ++r)
     req[r] = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
@@ -295,11 +288,8 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
       });
     }
     for (int64_t r = 0; r < R; ++r) {
-      Best best{-INFINITY, -1};
-      for (int64_t ti = 0; ti < n_tiles; ++ti) {
-        const Best& b = partial[ti * R + r];
-        if (b.idx >= 0 && (best.idx < 0 || better(b.key, b.idx, best.key, best.idx))) best = b;
-      }
+      KeyIdx best{-INFINITY, -1};
+      for (int64_t ti = 0; ti < n_tiles; ++ti) best = best_of(best, partial[ti * R + r]);
       TORCH_CHECK(best.idx >= 0, "dspark::markov_sample: internal error: no token drawn for request ", r);
       xp[r * G + k] = best.idx;
     }

@@ -3,7 +3,8 @@
 // Per request, row by row: p from the processed target row, q = softmax(z / T) from the draft row; accept
 // x_i iff u_i * q(x_i) < p(x_i); on the first rejection a residual draw from (p - q)+; after a fully accepted
 // prefix a bonus draw from p at the last verified row. Rows after a rejection are never processed. The math
-// (exp, sums, thresholds, keys) is include/dspark/sampling.h, shared with the CUDA kernel.
+// (exp, sums, threshold search, accept test, keys, argmax) is include/dspark/sampling.h, shared with the CUDA
+// kernel.
 #include "checks/rejection_sample.h"
 
 #include <ATen/Dispatch.h>
@@ -35,20 +36,6 @@ float lane_sum(int64_t n, F f) {
   }
   for (int l = 0; base + l < n; ++l) lanes[l] = add_rn(lanes[l], f(base + l));
   return lane_tree(lanes);
-}
-
-// Smallest key K in [lo, hi] with pred(key_to_float(K)) true (pred monotone: false ... true; true at hi).
-template <typename P>
-uint32_t search_key(uint32_t lo, uint32_t hi, P pred) {
-  while (lo < hi) {
-    const uint32_t mid = lo + (hi - lo) / 2;
-    if (pred(key_to_float(mid))) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return lo;
 }
 
 struct RequestParams {
@@ -186,19 +173,13 @@ int64_t draw_residual_simd(const float* w, const float* e, float sq, int64_t V, 
 // Gumbel-max draw from weights wt(i) >= 0 (only wt > 0 can win); -1 when every weight is 0.
 template <typename W>
 int64_t gumbel_draw(int64_t V, W wt, uint64_t seed, uint64_t offset, uint32_t request, uint32_t position) {
-  int64_t best = -1;
-  float best_key = -INFINITY;
+  KeyIdx best{-INFINITY, -1};
   for (int64_t i = 0; i < V; ++i) {
     const float x = wt(i);
     if (!(x > 0.0f)) continue;
-    const float key =
-        add_rn(log_positive(x), philox_gumbel(seed, offset, request, position, kPurposeResidual, i));
-    if (best < 0 || better(key, i, best_key, best)) {
-      best = i;
-      best_key = key;
-    }
+    best = best_of(best, KeyIdx{residual_key(x, seed, offset, request, position, i), i});
   }
-  return best;
+  return best.idx;
 }
 
 }  // namespace
@@ -298,13 +279,13 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
             sq = draft_exp_simd(z, V, rp.temperature, e.data());  // keeps the exps in e
           } else {
             for (int64_t j = 0; j < V; ++j) mq = std::max(mq, div_rn(z[j], rp.temperature));
-            sq = lane_sum(V, [&](int64_t j) { return exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)); });
+            sq = lane_sum(V, [&](int64_t j) { return draft_weight(z[j], rp.temperature, mq); });
           }
           auto q_at = [&](int64_t j) {
-            return div_rn(simd ? e[j] : exp_exact(add_rn(div_rn(z[j], rp.temperature), -mq)), sq);
+            return div_rn(simd ? e[j] : draft_weight(z[j], rp.temperature, mq), sq);
           };
           const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
-          if (mul_rn(u, q_at(x)) < w[x]) {
+          if (accept_draft(u, q_at(x), w[x])) {
             emit[i] = x;
             ++n_acc;
             continue;

@@ -6,8 +6,13 @@
 //     in increasing i) combined by the fixed tree lane[l] += lane[l + s] for s = kSumLanes/2, ..., 1. The CPU
 //     loops keep kSumLanes accumulators, a CUDA block of kSumLanes threads keeps one each;
 //   - markov_dot: the Markov bias W2[i] . e as 8 strided partial sums of mul_rn products, combined
-//     ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7));
-//   - ordered_key / key_to_float: a monotone map of floats to uint32 for threshold searches (top-k, top-p).
+//     ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) (markov_tree);
+//   - ordered_key / key_to_float / search_key: a monotone map of floats to uint32 and the bisection over it
+//     that finds the top-k / top-p thresholds;
+//   - the draw rules: temperature_scaled, draft_key (Gumbel-max of a draft token), draft_weight (q's
+//   unnormalised weight),
+//     accept_draft (u q(x) < p(x)), residual_key (Gumbel-max of a residual / bonus weight), and KeyIdx /
+//     best_of (a running argmax with ties to the lowest index).
 #pragma once
 #include "dspark/macros.h"
 #include "dspark/philox.h"
@@ -70,6 +75,21 @@ DSPARK_HD uint32_t ordered_key(float x) {
 }
 DSPARK_HD float key_to_float(uint32_t k) { return bits_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
 
+// Smallest key K in [lo, hi] with pred(key_to_float(K)) true (pred monotone: false ... true; true at hi). On
+// CUDA every thread of a block runs it with a pred that reduces over the block, so all take the same steps.
+template <typename P>
+DSPARK_HD uint32_t search_key(uint32_t lo, uint32_t hi, P pred) {
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (pred(key_to_float(mid))) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
 // HF RepetitionPenaltyLogitsProcessor on one raw logit of a token that occurred before.
 DSPARK_HD float repetition_penalize(float logit, float penalty) {
   return logit < 0.0f ? mul_rn(logit, penalty) : div_rn(logit, penalty);
@@ -83,7 +103,13 @@ DSPARK_HD float lane_tree(float* lanes) {
   return lanes[0];
 }
 
-// Markov bias W2[i] . e: 8 strided partial sums in increasing j, then a fixed tree.
+// The fixed combination of markov_dot's 8 partial sums: ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)).
+DSPARK_HD float markov_tree(const float* a) {
+  return add_rn(add_rn(add_rn(a[0], a[1]), add_rn(a[2], a[3])),
+                add_rn(add_rn(a[4], a[5]), add_rn(a[6], a[7])));
+}
+
+// Markov bias W2[i] . e: 8 strided partial sums in increasing j, then markov_tree.
 template <typename TW>
 DSPARK_HD float markov_dot(const TW* w, const float* e, int64_t r) {
   float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -92,21 +118,54 @@ DSPARK_HD float markov_dot(const TW* w, const float* e, int64_t r) {
     for (int l = 0; l < 8; ++l) a[l] = add_rn(a[l], mul_rn(static_cast<float>(w[j + l]), e[j + l]));
   }
   for (int l = 0; j + l < r; ++l) a[l] = add_rn(a[l], mul_rn(static_cast<float>(w[j + l]), e[j + l]));
-  return add_rn(add_rn(add_rn(a[0], a[1]), add_rn(a[2], a[3])),
-                add_rn(add_rn(a[4], a[5]), add_rn(a[6], a[7])));
+  return markov_tree(a);
+}
+
+// A logit at temperature T: x / T, or x itself for greedy rows (T = 0), which take the argmax of x.
+DSPARK_HD float temperature_scaled(float x, float temperature) {
+  return temperature == 0.0f ? x : div_rn(x, temperature);
 }
 
 // Gumbel-max key of a draft token: z / T + g (T > 0), or z itself for greedy rows.
 DSPARK_HD float draft_key(float z, float temperature, uint64_t seed, uint64_t offset, uint32_t request,
                           uint32_t position, uint64_t vocab_id) {
   if (temperature == 0.0f) return z;
-  return add_rn(div_rn(z, temperature),
+  return add_rn(temperature_scaled(z, temperature),
                 philox_gumbel(seed, offset, request, position, kPurposeDraftSample, vocab_id));
+}
+
+// exp(z / T - m): the unnormalised proposal weight of draft logit z at temperature T > 0, where m is the
+// row's maximum of z / T (q = draft_weight / the lane sum of the row's weights).
+DSPARK_HD float draft_weight(float z, float temperature, float m) {
+  return exp_exact(add_rn(div_rn(z, temperature), -m));
+}
+
+// The acceptance test of a sampled draft x: u < p(x) / q(x), written u * q(x) < p(x) (u uniform in (0, 1)).
+DSPARK_HD bool accept_draft(float u, float q, float p) { return mul_rn(u, q) < p; }
+
+// Gumbel-max key of vocabulary id i with weight x > 0 in a residual or bonus draw: log x + g.
+DSPARK_HD float residual_key(float x, uint64_t seed, uint64_t offset, uint32_t request, uint32_t position,
+                             uint64_t vocab_id) {
+  return add_rn(log_positive(x), philox_gumbel(seed, offset, request, position, kPurposeResidual, vocab_id));
 }
 
 // Argmax with ties to the lowest index: true when (v, i) beats (best_v, best_i).
 DSPARK_HD bool better(float v, int64_t i, float best_v, int64_t best_i) {
   return v > best_v || (v == best_v && i < best_i);
+}
+
+// A candidate of a running argmax: its key and vocabulary id (-1: none yet).
+struct KeyIdx {
+  float key;
+  int64_t idx;
+};
+
+// The better of two candidates (ties to the lowest id; an empty one never wins). Order-free: any reduction
+// tree over the same candidates finds the same winner.
+DSPARK_HD KeyIdx best_of(KeyIdx a, KeyIdx b) {
+  if (b.idx < 0) return a;
+  if (a.idx < 0) return b;
+  return better(b.key, b.idx, a.key, a.idx) ? b : a;
 }
 
 }  // namespace dspark

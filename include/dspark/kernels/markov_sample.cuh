@@ -119,11 +119,8 @@ __global__ void __launch_bounds__(kSumLanes)
     const int64_t r = r0 + c;
     KeyIdx mine{-INFINITY, -1};
     if (i < V) {
-      const float* a = acc[c];
-      const float bias = add_rn(add_rn(add_rn(a[0], a[1]), add_rn(a[2], a[3])),
-                                add_rn(add_rn(a[4], a[5]), add_rn(a[6], a[7])));
       const int64_t rk = r * G + k;
-      const float zi = add_rn(static_cast<float>(u[rk * V + i]), bias);
+      const float zi = add_rn(static_cast<float>(u[rk * V + i]), markov_tree(acc[c]));
       z[rk * V + i] = zi;
       const uint32_t req = static_cast<uint32_t>(request_ids ? request_ids[r] : r);
       const float key = draft_key(zi, temperature[r], seed, offset, req, static_cast<uint32_t>(k), i);
@@ -144,7 +141,7 @@ __global__ void __launch_bounds__(kSumLanes)
   const int64_t r = blockIdx.x;
   KeyIdx mine{-INFINITY, -1};
   for (int64_t t = threadIdx.x; t < n_tiles; t += blockDim.x) {
-    mine = BestOf(mine, KeyIdx{part_key[r * n_tiles + t], part_idx[r * n_tiles + t]});
+    mine = best_of(mine, KeyIdx{part_key[r * n_tiles + t], part_idx[r * n_tiles + t]});
   }
   const KeyIdx best = BlockBest(mine, scratch);
   if (threadIdx.x == 0) tokens[r * G + k] = best.idx;

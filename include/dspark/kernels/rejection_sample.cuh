@@ -33,20 +33,7 @@ struct RejectionParams {
   uint64_t seed, offset;
 };
 
-// Smallest key in [lo, hi] with pred(key_to_float(key)) (monotone; the whole block agrees on every step).
-template <typename P>
-__device__ uint32_t BlockSearchKey(uint32_t lo, uint32_t hi, P pred) {
-  while (lo < hi) {
-    const uint32_t mid = lo + (hi - lo) / 2;
-    if (pred(key_to_float(mid))) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return lo;
-}
-
+// Gumbel-max draw over the block from weights wt(j) >= 0 (only wt > 0 can win); -1 when every weight is 0.
 template <typename W>
 __device__ int64_t BlockGumbelDraw(int64_t V, W wt, uint64_t seed, uint64_t offset, uint32_t request,
                                    uint32_t position, BlockScratch& s) {
@@ -54,9 +41,7 @@ __device__ int64_t BlockGumbelDraw(int64_t V, W wt, uint64_t seed, uint64_t offs
   for (int64_t j = threadIdx.x; j < V; j += kSumLanes) {
     const float x = wt(j);
     if (!(x > 0.0f)) continue;
-    const float key =
-        add_rn(log_positive(x), philox_gumbel(seed, offset, request, position, kPurposeResidual, j));
-    mine = BestOf(mine, KeyIdx{key, j});
+    mine = best_of(mine, KeyIdx{residual_key(x, seed, offset, request, position, j), j});
   }
   return BlockBest(mine, s).idx;
 }
@@ -95,9 +80,9 @@ __global__ void __launch_bounds__(kSumLanes)
     __syncthreads();
     KeyIdx mine{-INFINITY, -1};
     for (int64_t j = tid; j < V; j += kSumLanes) {
-      const float v = greedy ? y[j] : div_rn(y[j], T);
+      const float v = temperature_scaled(y[j], T);
       y[j] = v;
-      mine = BestOf(mine, KeyIdx{v, j});
+      mine = best_of(mine, KeyIdx{v, j});
     }
     const KeyIdx top = BlockBest(mine, s);  // also a barrier after the y writes
     const int64_t arg = top.idx;
@@ -114,7 +99,7 @@ __global__ void __launch_bounds__(kSumLanes)
     const uint32_t key_lo = ordered_key(-INFINITY), key_hi = ordered_key(m);
     float thr = -INFINITY;
     if (top_k > 0 && top_k < V) {
-      thr = key_to_float(BlockSearchKey(key_lo, key_hi, [&](float v) {
+      thr = key_to_float(search_key(key_lo, key_hi, [&](float v) {
         int64_t c = 0;
         for (int64_t j = tid; j < V; j += kSumLanes) c += y[j] > v;
         return BlockCount(c, s) < top_k;
@@ -129,7 +114,7 @@ __global__ void __launch_bounds__(kSumLanes)
     float total = BlockLaneSum(lane, s);
     if (top_p < 1.0f) {
       const float target_mass = mul_rn(top_p, total);
-      const float thr_p = key_to_float(BlockSearchKey(key_lo, key_hi, [&](float v) {
+      const float thr_p = key_to_float(search_key(key_lo, key_hi, [&](float v) {
         float l = 0.f;
         for (int64_t j = tid; j < V; j += kSumLanes) l = add_rn(l, y[j] > v ? w[j] : 0.0f);
         return BlockLaneSum(l, s) < target_mass;
@@ -152,14 +137,14 @@ __global__ void __launch_bounds__(kSumLanes)
     const int64_t x = drafts[i];
     const float* z = a.draft_logits + (r * G + i) * V;
     KeyIdx zm{-INFINITY, -1};
-    for (int64_t j = tid; j < V; j += kSumLanes) zm = BestOf(zm, KeyIdx{div_rn(z[j], T), j});
+    for (int64_t j = tid; j < V; j += kSumLanes) zm = best_of(zm, KeyIdx{div_rn(z[j], T), j});
     const float mq = BlockBest(zm, s).key;
     lane = 0.f;
-    for (int64_t j = tid; j < V; j += kSumLanes) lane = add_rn(lane, exp_exact(add_rn(div_rn(z[j], T), -mq)));
+    for (int64_t j = tid; j < V; j += kSumLanes) lane = add_rn(lane, draft_weight(z[j], T, mq));
     const float sq = BlockLaneSum(lane, s);
-    auto q_at = [&](int64_t j) { return div_rn(exp_exact(add_rn(div_rn(z[j], T), -mq)), sq); };
+    auto q_at = [&](int64_t j) { return div_rn(draft_weight(z[j], T, mq), sq); };
     const float u = philox_uniform(a.seed, a.offset, req, pos, kPurposeAccept, 0);
-    if (mul_rn(u, q_at(x)) < w[x]) {
+    if (accept_draft(u, q_at(x), w[x])) {
       if (tid == 0) emit[i] = x;
       ++n_acc;
       continue;

@@ -2,7 +2,8 @@
 // Block-level reductions of the sampling kernels, for blocks of exactly kSumLanes threads, two barriers each.
 // BlockLaneSum reproduces the CPU lane sum of include/dspark/sampling.h: thread t is lane t (it accumulated
 // i = t, t + kSumLanes, ... in increasing i) and the tree combines lane l with lane l + s for
-// s = kSumLanes/2, ..., 1 — the same additions in the same order as lane_tree.
+// s = kSumLanes/2, ..., 1 — the same additions in the same order as lane_tree. BlockBest reduces KeyIdx
+// candidates with best_of (sampling.h).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,17 +14,6 @@
 #include "dspark/sampling.h"
 
 namespace dspark::kernels {
-
-struct KeyIdx {
-  float key;
-  int64_t idx;  // -1: none
-};
-
-__device__ __forceinline__ KeyIdx BestOf(KeyIdx a, KeyIdx b) {
-  if (b.idx < 0) return a;
-  if (a.idx < 0) return b;
-  return better(b.key, b.idx, a.key, a.idx) ? b : a;
-}
 
 struct BlockScratch {
   float f[kSumLanes];
@@ -73,7 +63,7 @@ __device__ __forceinline__ int64_t BlockCount(int64_t c, BlockScratch& s) {
 __device__ __forceinline__ KeyIdx WarpBest(KeyIdx v) {
 #pragma unroll
   for (int h = 16; h > 0; h >>= 1) {
-    v = BestOf(v, KeyIdx{__shfl_down_sync(kFullMask, v.key, h), __shfl_down_sync(kFullMask, v.idx, h)});
+    v = best_of(v, KeyIdx{__shfl_down_sync(kFullMask, v.key, h), __shfl_down_sync(kFullMask, v.idx, h)});
   }
   return v;
 }
