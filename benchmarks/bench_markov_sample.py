@@ -3,7 +3,7 @@
 
 The bit-exact reference (dspark.reference.markov_sample_ref) is checked first on a small case; the timed
 baseline is the natural eager loop with the same noise, since the bit-exact reference emulates the fixed
-summation order and is far slower than any real eager code. Also times from_hidden vs GEMM-then-op.
+summation order and is far slower than any real eager code.
 
 python benchmarks/bench_markov_sample.py [--quick] [--device cuda] [--json out.json]
 """
@@ -75,29 +75,8 @@ def main() -> None:
         t_ref = time_fn(lambda a=a: eager(*a, 1, 2), dev, budget)
         nbytes = GAMMA * (V * r * w2.element_size() + R * V * (U.element_size() + 4))
         extra = {"bytes": nbytes, "GB/s": nbytes / (t_op.median_us * 1e3)}
-        rows.append(
-            Row({"R": R, "V": V, "r": r, "dtype": str(dtype)[6:], "variant": "base"}, dev, t_op, t_ref, extra)
-        )
-    # from_hidden vs GEMM-then-op (H = 576)
-    R, V, r, H = (8, 49152, 256, 576)
-    g = torch.Generator().manual_seed(0)
-    h = torch.randn(R, GAMMA, H, generator=g).to(dtype).to(dev)
-    head = (torch.randn(V, H, generator=g) / H**0.5).to(dtype).to(dev)
-    _, anchor, w1, w2, temp = inputs(R, V, r, dtype, dev)
-    fused = lambda: dspark.ops.markov_sample_from_hidden(h, head, anchor, w1, w2, temp, 1, 2)  # noqa: E731
-    unfused = lambda: dspark.ops.markov_sample(h @ head.t(), anchor, w1, w2, temp, 1, 2)  # noqa: E731
-    assert torch.equal(fused()[0], unfused()[0])
-    t_f = time_fn(fused, dev, 0.05 if args.quick else 0.2)
-    t_u = time_fn(unfused, dev, 0.05 if args.quick else 0.2)
-    rows.append(
-        Row(
-            {"R": R, "V": V, "r": r, "dtype": str(dtype)[6:], "variant": "from_hidden vs GEMM+op"},
-            dev,
-            t_f,
-            t_u,
-        )
-    )
-    report("markov_sample vs eager step loop", rows, args, ["R", "V", "r", "dtype", "variant"])
+        rows.append(Row({"R": R, "V": V, "r": r, "dtype": str(dtype)[6:]}, dev, t_op, t_ref, extra))
+    report("markov_sample vs eager step loop", rows, args, ["R", "V", "r", "dtype"])
 
 
 if __name__ == "__main__":

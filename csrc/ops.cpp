@@ -45,12 +45,6 @@ TORCH_LIBRARY(dspark, m) {
   m.def(
       "markov_sample(Tensor base_logits, Tensor anchor, Tensor w1, Tensor w2, Tensor temperature, int seed, "
       "int offset, Tensor? request_ids=None) -> (Tensor tokens, Tensor draft_logits, Tensor prev_emb)");
-  // hidden [R, g, H], lm_head [V, H] (hidden's dtype), the rest as markov_sample; U = hidden @ lm_head^T
-  // fused
-  m.def(
-      "markov_sample_from_hidden(Tensor hidden, Tensor lm_head, Tensor anchor, Tensor w1, Tensor w2, "
-      "Tensor temperature, int seed, int offset, Tensor? request_ids=None) "
-      "-> (Tensor tokens, Tensor draft_logits, Tensor prev_emb)");
   // target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32, draft_tokens [R, g] i64,
   // verify_len [R] i32 in [1, g + 1], temperature [R] f32, optional request_ids [R] i64, top_k [R] i64,
   // top_p [R] f32, repetition_penalty [R] f32, penalty_tokens [P] i64, penalty_indptr [R + 1] i64

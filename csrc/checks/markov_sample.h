@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Checks of markov_sample / markov_sample_from_hidden shared by the CPU and CUDA launchers. The metadata
+// Checks of markov_sample shared by the CPU and CUDA launchers. The metadata
 // checks never read data; check_markov_sample_values reads it and therefore runs on CPU only (on CUDA it
 // would sync).
 #pragma once
@@ -8,10 +8,14 @@
 
 namespace dspark {
 
-inline void check_markov_common(const char* op, const at::Tensor& ref, const char* ref_name, int64_t R,
-                                int64_t G, int64_t V, const at::Tensor& anchor, const at::Tensor& w1,
-                                const at::Tensor& w2, const at::Tensor& temperature,
-                                const c10::optional<at::Tensor>& request_ids) {
+inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Tensor& anchor,
+                                     const at::Tensor& w1, const at::Tensor& w2,
+                                     const at::Tensor& temperature,
+                                     const c10::optional<at::Tensor>& request_ids) {
+  constexpr const char* op = "markov_sample";
+  check_dim(op, base_logits, "base_logits", 3);
+  check_float_dtype(op, base_logits, "base_logits");
+  const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2);
   check_dim(op, anchor, "anchor", 1);
   check_dtype(op, anchor, "anchor", at::kLong);
   TORCH_CHECK_VALUE(anchor.size(0) == R, "dspark::", op, ": anchor must have one token per request (R = ", R,
@@ -31,58 +35,27 @@ inline void check_markov_common(const char* op, const at::Tensor& ref, const cha
   TORCH_CHECK_VALUE(temperature.size(0) == R, "dspark::", op,
                     ": temperature must have one entry per request (R = ", R, "), got ", temperature.size(0));
   TORCH_CHECK_VALUE(G <= 0xFFFF, "dspark::", op, ": at most 65535 draft positions, got gamma = ", G);
-  check_same_device(op, ref, ref_name, anchor, "anchor");
-  check_same_device(op, ref, ref_name, w1, "w1");
-  check_same_device(op, ref, ref_name, w2, "w2");
-  check_same_device(op, ref, ref_name, temperature, "temperature");
+  check_same_device(op, base_logits, "base_logits", anchor, "anchor");
+  check_same_device(op, base_logits, "base_logits", w1, "w1");
+  check_same_device(op, base_logits, "base_logits", w2, "w2");
+  check_same_device(op, base_logits, "base_logits", temperature, "temperature");
   if (request_ids.has_value()) {
     check_dim(op, *request_ids, "request_ids", 1);
     check_dtype(op, *request_ids, "request_ids", at::kLong);
     TORCH_CHECK_VALUE(request_ids->size(0) == R, "dspark::", op,
                       ": request_ids must have one entry per request (R = ", R, "), got ",
                       request_ids->size(0));
-    check_same_device(op, ref, ref_name, *request_ids, "request_ids");
+    check_same_device(op, base_logits, "base_logits", *request_ids, "request_ids");
   }
 }
 
-inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Tensor& anchor,
-                                     const at::Tensor& w1, const at::Tensor& w2,
-                                     const at::Tensor& temperature,
-                                     const c10::optional<at::Tensor>& request_ids) {
-  constexpr const char* op = "markov_sample";
-  check_dim(op, base_logits, "base_logits", 3);
-  check_float_dtype(op, base_logits, "base_logits");
-  check_markov_common(op, base_logits, "base_logits", base_logits.size(0), base_logits.size(1),
-                      base_logits.size(2), anchor, w1, w2, temperature, request_ids);
-}
-
-inline void check_markov_from_hidden_args(const at::Tensor& hidden, const at::Tensor& lm_head,
-                                          const at::Tensor& anchor, const at::Tensor& w1,
-                                          const at::Tensor& w2, const at::Tensor& temperature,
-                                          const c10::optional<at::Tensor>& request_ids) {
-  constexpr const char* op = "markov_sample_from_hidden";
-  check_dim(op, hidden, "hidden", 3);
-  check_float_dtype(op, hidden, "hidden");
-  check_dim(op, lm_head, "lm_head", 2);
-  TORCH_CHECK_VALUE(lm_head.scalar_type() == hidden.scalar_type(), "dspark::", op,
-                    ": lm_head must have hidden's dtype ", dtype_name(hidden.scalar_type()), ", got ",
-                    dtype_name(lm_head.scalar_type()));
-  TORCH_CHECK_VALUE(lm_head.size(1) == hidden.size(2), "dspark::", op,
-                    ": lm_head must be [V, H] with H = ", hidden.size(2), ", got ", lm_head.sizes());
-  check_same_device(op, hidden, "hidden", lm_head, "lm_head");
-  check_markov_common(op, hidden, "hidden", hidden.size(0), hidden.size(1), lm_head.size(0), anchor, w1, w2,
-                      temperature, request_ids);
-}
-
-// One pass over CPU logits [..., n] (n > 0), no temporaries: bit 1 = some NaN, 2 = some +inf, 4 = some row
-// without a finite entry. Defined in cpu/markov_sample.cpp.
-int logits_value_flags(const at::Tensor& logits);
-
 // Data checks (CPU only): anchors in [0, V), temperatures finite and >= 0, request ids in [0, 2^32), logits
 // free of NaN and +inf (-inf masks a token: it gets probability zero, but a row needs a finite entry).
-inline void check_markov_sample_values(const char* op, const at::Tensor& logits, const char* logits_name,
-                                       const at::Tensor& anchor, const at::Tensor& temperature, int64_t V,
+inline void check_markov_sample_values(const at::Tensor& base_logits, const at::Tensor& anchor,
+                                       const at::Tensor& temperature,
                                        const c10::optional<at::Tensor>& request_ids) {
+  constexpr const char* op = "markov_sample";
+  const int64_t V = base_logits.size(2);
   const auto a = anchor.contiguous();
   const int64_t* ap = a.data_ptr<int64_t>();
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -103,12 +76,12 @@ inline void check_markov_sample_values(const char* op, const at::Tensor& logits,
                         "] = ", ip[i], " is outside [0, 2^32)");
     }
   }
-  if (logits.numel() > 0) {
-    const int flags = logits_value_flags(logits);
-    TORCH_CHECK_VALUE(!(flags & 1), "dspark::", op, ": ", logits_name, " contains NaN");
-    TORCH_CHECK_VALUE(!(flags & 2), "dspark::", op, ": ", logits_name, " contains +inf");
-    TORCH_CHECK_VALUE(!(flags & 4), "dspark::", op, ": every row of ", logits_name,
-                      " needs a finite entry (all -inf)");
+  if (base_logits.numel() > 0) {
+    const int flags = logits_value_flags(base_logits);
+    TORCH_CHECK_VALUE(!(flags & 1), "dspark::", op, ": base_logits contains NaN");
+    TORCH_CHECK_VALUE(!(flags & 2), "dspark::", op, ": base_logits contains +inf");
+    TORCH_CHECK_VALUE(!(flags & 4), "dspark::", op,
+                      ": every row of base_logits needs a finite entry (all -inf)");
   }
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU markov_sample / markov_sample_from_hidden: the semi-autoregressive Markov draft step.
+// CPU markov_sample: the semi-autoregressive Markov draft step.
 // For k = 0..g-1 (left to right): e = W1[x_{k-1}] (x_{-1} = anchor), z_k = U_k + W2 e, x_k = argmax(z_k / T +
 // G) with keyed Philox Gumbel noise G (argmax of z_k when T = 0). Each step runs parallel over vocabulary
 // tiles; a tile of W2 is read once per step and reused for every request from cache. The arithmetic
@@ -120,7 +120,7 @@ TileFn pick_tile(at::ScalarType tu, at::ScalarType tw) {
 #if DSPARK_HAVE_AVX512_PATH
 // A whole vocabulary tile [i0, i1) of step k for every request: the bias W2 e of all requests first (each W2
 // row is loaded once for all of them), then per request z, y = z / T and the Gumbel-max over the tile, 64
-// ids per Philox call. u [R, G, V] (may alias z), z [R, G, V], e2 [ceil(R / 2), nb, 16] (avx512::dot_rows),
+// ids per Philox call. u [R, G, V], z [R, G, V], e2 [ceil(R / 2), nb, 16] (avx512::dot_rows),
 // out [R]. Same values and winner as tile_step; a tile holding a NaN y goes through select_tile so that its
 // (order-dependent) handling stays the scalar one.
 template <typename TU, typename TW>
@@ -211,7 +211,7 @@ TileAllFn pick_tile_avx512(at::ScalarType tu, at::ScalarType tw) {
 }
 #endif
 
-// u: [R, g, V] (dtype tu; may alias z when it is the f32 z buffer itself), writes z [R, g, V] f32,
+// u: [R, g, V] (dtype tu), writes z [R, g, V] f32,
 // tokens [R, g] i64, prev_emb [R, g, r] f32.
 void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, const at::Tensor& w1,
                   const at::Tensor& w2, const at::Tensor& temperature, int64_t seed, int64_t offset,
@@ -306,8 +306,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(
     const c10::optional<at::Tensor>& request_ids) {
   check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
   const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2), rank = w1.size(1);
-  check_markov_sample_values("markov_sample", base_logits, "base_logits", anchor, temperature, V,
-                             request_ids);
+  check_markov_sample_values(base_logits, anchor, temperature, request_ids);
   const auto u = base_logits.contiguous();
   auto opts = u.options().dtype(at::kFloat);
   auto z = at::empty({R, G, V}, opts);
@@ -318,40 +317,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(
   return {tokens, z, prev_emb};
 }
 
-// hidden [R, g, H], lm_head [V, H] (same dtype), the rest as markov_sample. U = hidden @ lm_head^T is the
-// device GEMM in the input dtype (what nn.Linear computes); for float32 it is written straight into the z
-// output and corrected in place, so no separate U tensor exists.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_from_hidden_cpu(
-    const at::Tensor& hidden, const at::Tensor& lm_head, const at::Tensor& anchor, const at::Tensor& w1,
-    const at::Tensor& w2, const at::Tensor& temperature, int64_t seed, int64_t offset,
-    const c10::optional<at::Tensor>& request_ids) {
-  check_markov_from_hidden_args(hidden, lm_head, anchor, w1, w2, temperature, request_ids);
-  const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), V = lm_head.size(0),
-                rank = w1.size(1);
-  check_markov_sample_values("markov_sample_from_hidden", hidden, "hidden", anchor, temperature, V,
-                             request_ids);
-  auto opts = hidden.options().dtype(at::kFloat);
-  auto z = at::empty({R, G, V}, opts);
-  auto tokens = at::empty({R, G}, opts.dtype(at::kLong));
-  auto prev_emb = at::empty({R, G, rank}, opts);
-  if (R == 0 || G == 0) return {tokens, z, prev_emb};
-  const auto h2 = hidden.reshape({R * G, H});
-  if (hidden.scalar_type() == at::kFloat) {
-    auto z2 = z.view({R * G, V});
-    at::mm_out(z2, h2, lm_head.t());
-    markov_steps(z.data_ptr(), at::kFloat, anchor, w1, w2, temperature, seed, offset, request_ids, z, tokens,
-                 prev_emb);
-  } else {
-    const auto u = at::mm(h2, lm_head.t()).contiguous();
-    markov_steps(u.data_ptr(), u.scalar_type(), anchor, w1, w2, temperature, seed, offset, request_ids, z,
-                 tokens, prev_emb);
-  }
-  return {tokens, z, prev_emb};
-}
-
 }  // namespace dspark
 
-TORCH_LIBRARY_IMPL(dspark, CPU, m) {
-  m.impl("markov_sample", &dspark::markov_sample_cpu);
-  m.impl("markov_sample_from_hidden", &dspark::markov_sample_from_hidden_cpu);
-}
+TORCH_LIBRARY_IMPL(dspark, CPU, m) { m.impl("markov_sample", &dspark::markov_sample_cpu); }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA markov_sample / markov_sample_from_hidden (kernels: include/dspark/kernels/markov_sample.cuh).
+// CUDA markov_sample (kernels: include/dspark/kernels/markov_sample.cuh).
 // Value checks that read data (anchor range, temperature >= 0, NaN logits) are CPU-only: on CUDA they would
 // sync with the host.
 #include <ATen/ATen.h>
@@ -66,13 +66,6 @@ void run(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, co
   }
 }
 
-void check_sizes(const char* op, int64_t R, int64_t V) {
-  TORCH_CHECK_VALUE(R <= 65535 * kernels::kMarkovChunk, "dspark::", op, ": at most ",
-                    65535 * kernels::kMarkovChunk, " requests on CUDA, got ", R);
-  TORCH_CHECK_VALUE((V + kSumLanes - 1) / kSumLanes <= 65535, "dspark::", op,
-                    ": vocabulary too large for CUDA (", V, ")");
-}
-
 }  // namespace
 
 // base_logits [R, g, V], anchor [R] i64, w1/w2 [V, r], temperature [R] f32 (cuda)
@@ -84,7 +77,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cuda(
   check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
   const c10::cuda::CUDAGuard guard(base_logits.device());
   const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2), rank = w1.size(1);
-  check_sizes("markov_sample", R, V);
+  TORCH_CHECK_VALUE(R <= 65535 * kernels::kMarkovChunk, "dspark::markov_sample: at most ",
+                    65535 * kernels::kMarkovChunk, " requests on CUDA, got ", R);
+  TORCH_CHECK_VALUE((V + kSumLanes - 1) / kSumLanes <= 65535,
+                    "dspark::markov_sample: vocabulary too large for CUDA (", V, ")");
   const auto u = base_logits.contiguous();
   auto opts = u.options().dtype(at::kFloat);
   auto z = at::empty({R, G, V}, opts);
@@ -95,37 +91,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cuda(
   return {tokens, z, prev_emb};
 }
 
-// hidden [R, g, H], lm_head [V, H] (cuda): U = hidden @ lm_head^T by cuBLAS (at::mm) in the input dtype —
-// into the z output itself for float32 (corrected in place) — then the same step kernels.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_from_hidden_cuda(
-    const at::Tensor& hidden, const at::Tensor& lm_head, const at::Tensor& anchor, const at::Tensor& w1,
-    const at::Tensor& w2, const at::Tensor& temperature, int64_t seed, int64_t offset,
-    const c10::optional<at::Tensor>& request_ids) {
-  check_markov_from_hidden_args(hidden, lm_head, anchor, w1, w2, temperature, request_ids);
-  const c10::cuda::CUDAGuard guard(hidden.device());
-  const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), V = lm_head.size(0),
-                rank = w1.size(1);
-  check_sizes("markov_sample_from_hidden", R, V);
-  auto opts = hidden.options().dtype(at::kFloat);
-  auto z = at::empty({R, G, V}, opts);
-  auto tokens = at::empty({R, G}, opts.dtype(at::kLong));
-  auto prev_emb = at::empty({R, G, rank}, opts);
-  if (R == 0 || G == 0 || V == 0) return {tokens, z, prev_emb};
-  const auto h2 = hidden.reshape({R * G, H});
-  if (hidden.scalar_type() == at::kFloat) {
-    auto z2 = z.view({R * G, V});
-    at::mm_out(z2, h2, lm_head.t());
-    run(z, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb, seed, offset);
-  } else {
-    const auto u = at::mm(h2, lm_head.t()).contiguous();
-    run(u, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb, seed, offset);
-  }
-  return {tokens, z, prev_emb};
-}
-
 }  // namespace dspark
 
-TORCH_LIBRARY_IMPL(dspark, CUDA, m) {
-  m.impl("markov_sample", &dspark::markov_sample_cuda);
-  m.impl("markov_sample_from_hidden", &dspark::markov_sample_from_hidden_cuda);
-}
+TORCH_LIBRARY_IMPL(dspark, CUDA, m) { m.impl("markov_sample", &dspark::markov_sample_cuda); }

@@ -2,7 +2,7 @@
 """Typed wrappers of the ``torch.ops.dspark`` operators; importing this registers their fake implementations."""
 
 from dspark.ops.confidence import confidence
-from dspark.ops.markov_sample import markov_sample, markov_sample_from_hidden
+from dspark.ops.markov_sample import markov_sample
 from dspark.ops.paged_kv_append import paged_kv_append
 from dspark.ops.paged_verify_attention import paged_verify_attention
 from dspark.ops.philox_draw import philox_draw
@@ -17,6 +17,5 @@ __all__ = [
     "philox_draw",
     "plan_verify",
     "markov_sample",
-    "markov_sample_from_hidden",
     "rejection_sample",
 ]

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``dspark::markov_sample`` and ``dspark::markov_sample_from_hidden``: the Markov draft step."""
+"""``dspark::markov_sample``: the Markov draft step."""
 
 from __future__ import annotations
 
@@ -62,67 +62,11 @@ def markov_sample(
     )
 
 
-def markov_sample_from_hidden(
-    hidden: Tensor,
-    lm_head: Tensor,
-    anchor: Tensor,
-    w1: Tensor,
-    w2: Tensor,
-    temperature: Tensor,
-    seed: int,
-    offset: int,
-    request_ids: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``markov_sample`` with the base-logit GEMM ``U = hidden @ lm_head^T`` fused in.
-
-    ``U`` is the device GEMM in the input dtype (what ``nn.Linear`` computes); for float32 it is written
-    straight into the ``draft_logits`` output and corrected in place, so no separate ``U`` tensor exists. The
-    result equals ``markov_sample(hidden @ lm_head.T, ...)`` on the same device.
-
-    Parameters
-    ----------
-    hidden : Tensor
-        ``(R, gamma, H)`` float32/bfloat16/float16: the drafter's final (normed) hidden states.
-    lm_head : Tensor
-        ``(V, H)``, ``hidden``'s dtype.
-    anchor, w1, w2, temperature, seed, offset, request_ids
-        As in :func:`markov_sample`.
-
-    Returns
-    -------
-    tokens, draft_logits, prev_emb : Tensor
-        As in :func:`markov_sample`.
-
-    Examples
-    --------
-    >>> import torch, dspark
-    >>> h, head = torch.randn(1, 3, 16), torch.randn(40, 16)
-    >>> w1, w2 = torch.randn(40, 4), torch.randn(40, 4)
-    >>> x, z, e = dspark.ops.markov_sample_from_hidden(h, head, torch.tensor([1]), w1, w2, torch.ones(1), 0, 0)
-    >>> z.shape
-    torch.Size([1, 3, 40])
-    """
-    return torch.ops.dspark.markov_sample_from_hidden.default(
-        hidden, lm_head, anchor, w1, w2, temperature, seed, offset, request_ids
-    )
-
-
-def _outputs(ref: Tensor, R, G, V, rank):
-    return (
-        ref.new_empty((R, G), dtype=torch.int64),
-        ref.new_empty((R, G, V), dtype=torch.float32),
-        ref.new_empty((R, G, rank), dtype=torch.float32),
-    )
-
-
 @torch.library.register_fake("dspark::markov_sample")
 def _markov_sample_fake(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids=None):
     R, G, V = base_logits.shape
-    return _outputs(base_logits, R, G, V, w1.shape[1])
-
-
-@torch.library.register_fake("dspark::markov_sample_from_hidden")
-def _markov_sample_from_hidden_fake(
-    hidden, lm_head, anchor, w1, w2, temperature, seed, offset, request_ids=None
-):
-    return _outputs(hidden, hidden.shape[0], hidden.shape[1], lm_head.shape[0], w1.shape[1])
+    return (
+        base_logits.new_empty((R, G), dtype=torch.int64),
+        base_logits.new_empty((R, G, V), dtype=torch.float32),
+        base_logits.new_empty((R, G, w1.shape[1]), dtype=torch.float32),
+    )

@@ -2,7 +2,7 @@
 """Pure-PyTorch / pure-Python oracles of every dspark op (slow, plain, obviously right)."""
 
 from dspark.reference.confidence import confidence_ref
-from dspark.reference.markov_sample import markov_sample_from_hidden_ref, markov_sample_ref
+from dspark.reference.markov_sample import markov_sample_ref
 from dspark.reference.paged_kv_append import paged_kv_append_ref
 from dspark.reference.paged_verify_attention import gather_request_kv, paged_verify_attention_ref
 from dspark.reference.philox import philox4x32_10_ref, philox_draw_ref
@@ -15,7 +15,6 @@ __all__ = [
     "paged_kv_append_ref",
     "paged_verify_attention_ref",
     "draft_probs_ref",
-    "markov_sample_from_hidden_ref",
     "markov_sample_ref",
     "philox4x32_10_ref",
     "philox_draw_ref",

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reference of ``dspark::markov_sample`` / ``markov_sample_from_hidden`` (plain loops, same rounding)."""
+"""Reference of ``dspark::markov_sample`` (plain loops, same rounding)."""
 
 from __future__ import annotations
 
@@ -57,20 +57,3 @@ def markov_sample_ref(
             tokens[r, k] = int(torch.argmax(key))  # first maximum = lowest index
         prev = tokens[:, k].clone()
     return tokens, z_all, prev_emb
-
-
-def markov_sample_from_hidden_ref(
-    hidden: Tensor,
-    lm_head: Tensor,
-    anchor: Tensor,
-    w1: Tensor,
-    w2: Tensor,
-    temperature: Tensor,
-    seed: int,
-    offset: int,
-    request_ids: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``markov_sample_ref(hidden @ lm_head.T, ...)``: U is the GEMM in the input dtype (as nn.Linear)."""
-    R, G, H = hidden.shape
-    U = (hidden.reshape(R * G, H) @ lm_head.t()).reshape(R, G, -1)
-    return markov_sample_ref(U, anchor, w1, w2, temperature, seed, offset, request_ids)
