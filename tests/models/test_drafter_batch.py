@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dspark import DSparkDrafter
-from dspark.models.heads import markov_sample_torch
+from dspark.models.heads import sample_without_markov
+from dspark.reference import markov_sample_ref
 from tests.models.drafter_fixtures import random_checkpoint, tiny_config
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -65,26 +66,25 @@ def test_truncate_and_finish(tmp_path):
 def test_sampling_statistics_and_greedy():
     """Gumbel-max draws follow softmax(z/T); T=0 is argmax; the noise is keyed (same seed -> same draws)."""
     V, R = 5, 4000
-    base = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])).expand(R, 1, V).contiguous()
-    empty = torch.empty(V, 0)
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+    base = torch.log(probs).expand(R, 1, V).contiguous()
     anchor = torch.zeros(R, dtype=torch.int64)
-    s = markov_sample_torch(base, anchor, empty, empty, 1.0, seed=1, offset=0)
+    s = sample_without_markov(base, anchor, 1.0, seed=1, offset=0)
     freq = torch.bincount(s.tokens[:, 0], minlength=V).float() / R
-    torch.testing.assert_close(freq, torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]), atol=0.03, rtol=0)
-    s2 = markov_sample_torch(base, anchor, empty, empty, 1.0, seed=1, offset=0)
+    torch.testing.assert_close(freq, probs, atol=0.03, rtol=0)
+    s2 = sample_without_markov(base, anchor, 1.0, seed=1, offset=0)
     assert torch.equal(s.tokens, s2.tokens)
-    g = markov_sample_torch(base, anchor, empty, empty, 0.0, seed=1, offset=0)
+    assert not torch.equal(s.tokens, sample_without_markov(base, anchor, 1.0, seed=2, offset=0).tokens)
+    g = sample_without_markov(base, anchor, 0.0, seed=1, offset=0)
     assert bool((g.tokens == 0).all())
     with pytest.raises(ValueError, match="temperature"):
-        markov_sample_torch(base, anchor, empty, empty, -1.0, seed=1, offset=0)
+        sample_without_markov(base, anchor, -1.0, seed=1, offset=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 1.0, "mixed"])
-def test_sample_without_markov_matches_the_torch_sampler(dtype, temperature):
-    """The DFlash drafts (fused op, rank 0) are the torch sampler's with empty Markov weights."""
-    from dspark.models.heads import sample_without_markov
-
+def test_sample_without_markov_matches_the_reference(dtype, temperature):
+    """The DFlash drafts (fused op, rank 0) are the reference sampler's with empty Markov weights."""
     g = torch.Generator().manual_seed(7)
     R, G, V = 5, 3, 300
     base = (torch.randn(R, G, V, generator=g) * 3).to(dtype)
@@ -92,10 +92,11 @@ def test_sample_without_markov_matches_the_torch_sampler(dtype, temperature):
     ids = torch.tensor([3, 0, 2**32 - 1, 9, 4])
     t = torch.tensor([0.0, 1.0, 0.5, 2.0, 1.0]) if temperature == "mixed" else temperature
     empty = torch.empty(V, 0, dtype=dtype)
-    want = markov_sample_torch(base, anchor, empty, empty, t, 11, 2, ids)
+    temps = t if isinstance(t, torch.Tensor) else torch.full((R,), t)
+    want_tokens, want_logits, _ = markov_sample_ref(base, anchor, empty, empty, temps, 11, 2, ids)
     got = sample_without_markov(base, anchor, t, 11, 2, ids)
-    assert torch.equal(got.tokens, want.tokens)
-    assert torch.equal(got.logits, want.logits)
+    assert torch.equal(got.tokens, want_tokens)
+    assert torch.equal(got.logits, want_logits)
     assert got.prev_emb.shape == (R, G, 0) and got.prev_emb.dtype == dtype
 
 

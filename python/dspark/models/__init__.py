@@ -9,7 +9,6 @@ from dspark.models.heads import (
     MarkovSample,
     RNNMarkovHead,
     VanillaMarkovHead,
-    markov_sample_torch,
 )
 from dspark.models.pairing import validate_pairing
 
@@ -22,6 +21,5 @@ __all__ = [
     "MarkovSample",
     "RNNMarkovHead",
     "VanillaMarkovHead",
-    "markov_sample_torch",
     "validate_pairing",
 ]

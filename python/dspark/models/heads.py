@@ -6,9 +6,9 @@ Names and shapes follow DeepSpec's checkpoints (``markov_head.markov_w1`` = ``nn
 
 Sampling is left to right: ``z_k = U_k + B_k(x_{k-1})`` with ``x_{-1}`` the anchor, then ``x_k`` is the
 Gumbel-max draw ``argmax(z_k / T + g_k)`` (``g`` from ``dspark.ops.philox_draw`` keyed by request id, draft slot k,
-purpose ``PURPOSE_DRAFT_SAMPLE`` and vocabulary id), or ``argmax(z_k)`` when ``T == 0``. This pure-PyTorch path
-has the signature of the ``markov_sample`` op (plus explicit request ids), so the fused op can replace
-``markov_sample_torch`` in ``VanillaMarkovHead.sample`` without touching callers.
+purpose ``PURPOSE_DRAFT_SAMPLE`` and vocabulary id), or ``argmax(z_k)`` when ``T == 0``. The vanilla head and
+the drafter without a Markov head sample through the fused ``markov_sample`` op; the gated and RNN heads, whose
+bias is not ``W2 · W1[x]``, draw step by step in PyTorch with the same keyed noise.
 """
 
 from __future__ import annotations
@@ -97,54 +97,6 @@ class _Sampler:
         return scores.argmax(-1)
 
 
-def markov_sample_torch(
-    base_logits: Tensor,
-    anchor: Tensor,
-    w1: Tensor,
-    w2: Tensor,
-    temperature: float | Tensor,
-    seed: int,
-    offset: int,
-    request_ids: Tensor | None = None,
-) -> MarkovSample:
-    """Vanilla Markov sampling in PyTorch (the ``markov_sample`` op's contract).
-
-    Parameters
-    ----------
-    base_logits : Tensor
-        ``(R, gamma, V)``: the backbone's logits ``U``.
-    anchor : Tensor
-        ``(R,)`` int64: the last committed token of each request (``x_{-1}``).
-    w1, w2 : Tensor
-        ``(V, r)`` each: ``markov_w1`` (embedding) and ``markov_w2`` (``Linear(r, V)`` weight); ``r`` may be 0.
-    temperature : float or Tensor
-        Scalar or ``(R,)``; 0 means greedy.
-    seed, offset : int
-        Philox stream of this round.
-    request_ids : Tensor, optional
-        ``(R,)`` int64 request ids keying the noise (default ``arange(R)``).
-
-    Returns
-    -------
-    MarkovSample
-        tokens ``(R, gamma)`` int64, corrected logits ``(R, gamma, V)`` float32, ``prev_emb`` ``(R, gamma, r)``.
-    """
-    R, gamma, V = base_logits.shape
-    sampler = _Sampler(temperature, seed, offset, request_ids, R, gamma, V, base_logits.device)
-    prev = anchor.to(torch.int64)
-    tokens, logits, embs = [], [], []
-    for k in range(gamma):
-        e = w1[prev]  # [R, r]
-        z = base_logits[:, k].float()
-        if w1.shape[1] > 0:
-            z = z + (e @ w2.t()).float()
-        prev = sampler.pick(z, k)
-        tokens.append(prev)
-        logits.append(z)
-        embs.append(e)
-    return MarkovSample(torch.stack(tokens, 1), torch.stack(logits, 1), torch.stack(embs, 1))
-
-
 class MarkovHead(nn.Module):
     """Base of the Markov heads: ``markov_w1`` ``[V, r]`` and ``markov_w2`` ``[V, r]``; subclasses define the bias."""
 
@@ -228,7 +180,7 @@ class VanillaMarkovHead(MarkovHead):
     def sample(
         self, base_logits, anchor, temperature, seed, offset, hidden=None, request_ids=None, vocab=None
     ) -> MarkovSample:
-        # The fused op: bias GEMV + add + temperature + Gumbel-max per step, same keys as markov_sample_torch.
+        # The fused op: bias GEMV + add + temperature + Gumbel-max per step, the noise of MarkovHead.sample.
         w1, w2 = self.markov_w1.weight, self.markov_w2.weight
         if vocab is None:
             s = _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids)
@@ -249,8 +201,9 @@ def sample_without_markov(
 ) -> MarkovSample:
     """Draft tokens of a drafter without a Markov head (DFlash): ``z = U``, one Gumbel-max draw per slot.
 
-    The fused ``markov_sample`` op with a rank-0 table: the same tokens as ``markov_sample_torch`` with empty
-    weights, without materialising the ``(R, gamma, V)`` noise and index tensors. ``prev_emb`` is ``(R, gamma, 0)``.
+    The fused ``markov_sample`` op with a rank-0 table (the same tokens as ``dspark.reference.markov_sample_ref``
+    with empty weights), without materialising the ``(R, gamma, V)`` noise and index tensors. ``prev_emb`` is
+    ``(R, gamma, 0)``.
     With a draft vocabulary, ``base_logits`` and the returned logits are over its V' ids and the tokens are
     mapped back to the full vocabulary.
     """
