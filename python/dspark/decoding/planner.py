@@ -3,140 +3,22 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from dspark.decoding.tables import CostTable, SpsTable, read_json
 from dspark.host_sync import to_device
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
 
-if TYPE_CHECKING:
-    from dspark.profiling.table import CostTable
+__all__ = ["PlanResult", "Planner", "SpsTable"]  # SpsTable: read from here by older imports
 
 logger = logging.getLogger("dspark.planner")
-
-
-@dataclass(frozen=True)
-class SpsTable:
-    """Target steps per second against packed verify tokens (SGLang's 1-D SPS JSON).
-
-    Parameters
-    ----------
-    sample_batch_tokens : Sequence[int]
-        Strictly increasing packed-token probes ``B`` (>= 1).
-    sample_steps_per_sec : Sequence[float]
-        Measured steps per second at each probe (> 0).
-    max_batch_tokens : int
-        The largest ``B`` the engine runs (>= the last probe).
-    """
-
-    sample_batch_tokens: tuple[int, ...]
-    sample_steps_per_sec: tuple[float, ...]
-    max_batch_tokens: int
-
-    def __post_init__(self) -> None:
-        tokens, rates = tuple(self.sample_batch_tokens), tuple(self.sample_steps_per_sec)
-        object.__setattr__(self, "sample_batch_tokens", tokens)
-        object.__setattr__(self, "sample_steps_per_sec", rates)
-        if not tokens or len(tokens) != len(rates):
-            raise ValueError(
-                "SpsTable: sample_batch_tokens and sample_steps_per_sec must be non-empty and of equal length, "
-                f"got {len(tokens)} and {len(rates)}"
-            )
-        for i, t in enumerate(tokens):
-            if int(t) != t or t < 1 or (i > 0 and t <= tokens[i - 1]):
-                raise ValueError(
-                    f"SpsTable: sample_batch_tokens must be strictly increasing integers >= 1, got {list(tokens)}"
-                )
-        for i, r in enumerate(rates):
-            if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
-                raise ValueError(f"SpsTable: sample_steps_per_sec[{i}] = {r!r} must be a finite rate > 0")
-        if int(self.max_batch_tokens) < tokens[-1]:
-            raise ValueError(
-                f"SpsTable: max_batch_tokens ({self.max_batch_tokens}) is below the last probe ({tokens[-1]})"
-            )
-
-    @property
-    def is_flat(self) -> bool:
-        """A table with one rate everywhere carries no cost information (verify-all is optimal)."""
-        return len(set(self.sample_steps_per_sec)) == 1
-
-    @classmethod
-    def flat(cls, max_batch_tokens: int = 1) -> SpsTable:
-        """SGLang's uninitialised table: ``{[1], [1.0], max_batch_tokens}``."""
-        return cls((1,), (1.0,), max(1, int(max_batch_tokens)))
-
-    @classmethod
-    def from_dict(cls, d: dict, source: str = "SpsTable") -> SpsTable:
-        """Parse SGLang's 1-D SPS object, or dspark's cost table (turned into its 1-D curve).
-
-        ``source`` (e.g. the file name) starts every error message.
-        """
-        if not isinstance(d, dict):
-            raise ValueError(f"{source}: must hold a JSON object")
-        if _is_cost_table(d):
-            from dspark.profiling.table import CostTable
-
-            return CostTable.from_dict(d, "CostTable" if source == "SpsTable" else source).to_sps()
-        missing = {"sample_batch_tokens", "sample_steps_per_sec"} - set(d)
-        if missing:
-            raise ValueError(
-                f"{source}: missing keys {sorted(missing)} (SGLang 1-D SPS JSON or a dspark cost table "
-                'with "format": "dspark-cost-table" expected)'
-            )
-        try:
-            tokens = [int(t) for t in d["sample_batch_tokens"]]
-            rates = [float(r) for r in d["sample_steps_per_sec"]]
-            top = int(d.get("max_batch_tokens", tokens[-1] if tokens else 1))
-            return cls(tuple(tokens), tuple(rates), top)
-        except (TypeError, ValueError) as e:  # non-numbers, or a check of __post_init__
-            raise ValueError(f"{source}: {str(e).removeprefix('SpsTable: ')}") from e
-
-    @classmethod
-    def load(cls, path: str | Path) -> SpsTable:
-        """Read SGLang's ``{"sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens"}`` JSON.
-
-        A dspark cost table (``dspark profile``'s ``costs.json``) is accepted too and turned into its 1-D curve
-        (:meth:`dspark.profiling.CostTable.to_sps`). Errors name the file.
-        """
-        d = _read_json(path)
-        return cls.from_dict(d, source=f"SpsTable: {path}")
-
-    def to_dict(self) -> dict:
-        return {
-            "sample_batch_tokens": list(self.sample_batch_tokens),
-            "sample_steps_per_sec": list(self.sample_steps_per_sec),
-            "max_batch_tokens": int(self.max_batch_tokens),
-        }
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-    def tensors(self, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-        """(tokens int64, rates float64) on ``device``, as ``plan_verify`` takes them (copied without a wait)."""
-        return (
-            to_device(self.sample_batch_tokens, device, torch.int64),
-            to_device(self.sample_steps_per_sec, device, torch.float64),
-        )
-
-
-def _is_cost_table(d: Any) -> bool:
-    return isinstance(d, dict) and d.get("format") == "dspark-cost-table"
-
-
-def _read_json(path: str | Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"SpsTable: {path} is not valid JSON: {e}") from e
 
 
 @dataclass
@@ -190,19 +72,15 @@ class Planner:
         source = "SpsTable"
         if isinstance(sps_table, (str, Path)):
             source = f"SpsTable: {sps_table}"
-            sps_table = _read_json(sps_table)
+            sps_table = read_json(sps_table)
             if not isinstance(sps_table, dict):
                 raise ValueError(f"{source}: must hold a JSON object")
-        if _is_cost_table(sps_table):
-            from dspark.profiling.table import CostTable
-
+        if CostTable.is_cost_table_dict(sps_table):
             sps_table = CostTable.from_dict(sps_table, "CostTable" if source == "SpsTable" else source)
         elif isinstance(sps_table, dict):
             sps_table = SpsTable.from_dict(sps_table, source)
         self.cost_table: CostTable | None = None
         if sps_table is not None and not isinstance(sps_table, SpsTable):
-            from dspark.profiling.table import CostTable
-
             if not isinstance(sps_table, CostTable):
                 raise TypeError(
                     "Planner: sps_table must be an SpsTable, a CostTable, a dict or a path, got "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dspark.profiling.table import CostTable
+from dspark.decoding.tables import CostTable
 
 
 def save_plot(table: CostTable, path: str | Path, title: str | None = None) -> Path:
