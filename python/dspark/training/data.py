@@ -17,41 +17,11 @@ import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-
-@dataclass
-class Prompt:
-    """One training prompt: a stable id and the first user turn."""
-
-    id: str
-    text: str
-
-
-def read_prompt_file(path: str | os.PathLike, limit: int | None = None, skip: int = 0) -> list[Prompt]:
-    """First user turns of a ``{"turns": [...]}`` JSONL file (ids ``<file stem>:<line>``).
-
-    ``skip`` / ``limit`` select rows ``skip .. skip + limit - 1`` (for train / calibration splits).
-    """
-    path = Path(path)
-    out: list[Prompt] = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i + 1}: not a JSON object ({e.msg})") from None
-            turns = row.get("turns") if isinstance(row, dict) else None
-            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
-                raise ValueError(f'{path}:{i + 1}: expected {{"turns": ["first user turn", ...]}}')
-            out.append(Prompt(f"{path.stem}:{i}", turns[0]))
-    out = out[skip:]
-    return out if limit is None else out[:limit]
+from dspark.prompts import Prompt, read_prompt_file  # shared with calibration, so one layer down
 
 
 def iter_sharegpt_conversations() -> Iterator[dict]:
@@ -130,7 +100,7 @@ def regenerate(
     """
     from tqdm.auto import tqdm
 
-    from dspark.decoding.decoder import chat_token_ids
+    from dspark.decoding.inputs import chat_token_ids
 
     if batch_size < 1:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
