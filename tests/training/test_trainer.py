@@ -192,9 +192,10 @@ def test_two_process_gloo_equals_single_process(tmp_path):
 
 def test_fit_cli_warm_start_bf16_and_summary(tmp_path, monkeypatch):
     import dspark.cli as cli
+    import dspark.models.loading as loading
 
     t, d, cache = _setup(tmp_path)
-    monkeypatch.setattr(cli, "load_target", lambda spec: (t, None))
+    monkeypatch.setattr(loading, "load_target", lambda spec: (t, None))
     out = tmp_path / "cli_run"
     argv = ["train", "fit", "--features", str(tmp_path / "feats"), "--out", str(out), "--num-layers", "1"]
     argv += [
@@ -229,9 +230,10 @@ def test_fit_cli_warm_start_bf16_and_summary(tmp_path, monkeypatch):
 
 def test_fit_cli_init_from_a_trained_drafter(tmp_path, monkeypatch):
     import dspark.cli as cli
+    import dspark.models.loading as loading
 
     t, d, cache = _setup(tmp_path)
-    monkeypatch.setattr(cli, "load_target", lambda spec: (t, None))
+    monkeypatch.setattr(loading, "load_target", lambda spec: (t, None))
     src = tmp_path / "src"
     d.save_pretrained(src, include_embeddings=False)
     out = tmp_path / "warm"

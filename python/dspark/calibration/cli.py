@@ -64,7 +64,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
 def _fitting_prompts(dec, texts: list[str], args: argparse.Namespace) -> list[list[int]]:
     """Chat token ids of the prompts that fit the target's context with ``--max-new-tokens`` (a note names the
     rest); tokenised once here, the decoder takes the ids as they are."""
-    from dspark.decoding.decoder import chat_token_ids
+    from dspark.decoding.inputs import chat_token_ids
 
     ids = [chat_token_ids(dec.tokenizer, t) for t in texts]
     keep = [dec.fits_context(len(p), args.max_new_tokens) for p in ids]
@@ -82,15 +82,16 @@ def _fitting_prompts(dec, texts: list[str], args: argparse.Namespace) -> list[li
 
 
 def _collect(args: argparse.Namespace):
-    from dspark import DSparkDecoder, DSparkDrafter
-    from dspark import cli as dspark_cli
     from dspark.calibration.data import collect_calibration_data
-    from dspark.training.data import read_prompt_file
+    from dspark.decoding.decoder import DSparkDecoder
+    from dspark.models.drafter import DSparkDrafter
+    from dspark.models.loading import load_target
+    from dspark.prompts import read_prompt_file
 
     prompts = read_prompt_file(args.prompts, limit=args.limit, skip=args.skip)
     if not prompts:
         raise ValueError(f"--prompts: no prompts left in {args.prompts} after --skip {args.skip}")
-    target, tok = dspark_cli.load_target(args.target)
+    target, tok = load_target(args.target)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, tokenizer=tok)
     dec = DSparkDecoder(
         target,

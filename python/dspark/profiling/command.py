@@ -10,8 +10,9 @@ from pathlib import Path
 
 import torch
 
+from dspark.decoding.tables import CostTable
 from dspark.models.draft_vocab import add_draft_vocab_argument, draft_vocab_option
-from dspark.profiling.table import CostTable
+from dspark.models.loading import SMOLLM2_GGUF, load_target
 
 COSTS_JSON = "costs.json"
 SPS_JSON = "sps.json"
@@ -64,18 +65,11 @@ def _parse_sizes(text: str) -> list[int]:
 
 def load_model(spec: str) -> tuple[torch.nn.Module, str]:
     """``smollm2``, a ``.gguf`` file or a Hugging Face model folder -> (model in eval mode, display name)."""
-    from transformers import AutoModelForCausalLM
-
+    model, _ = load_target(spec, with_tokenizer=False)
     if spec == "smollm2":
-        from dspark.models.loading import SMOLLM2_GGUF, load_smollm2
-
-        model, _ = load_smollm2(with_tokenizer=False)
         return model, SMOLLM2_GGUF.removesuffix(".gguf")
     path = Path(spec)
-    if path.suffix == ".gguf":
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
-        return model.eval(), path.stem
-    return AutoModelForCausalLM.from_pretrained(spec).eval(), path.name or spec
+    return model, path.stem if path.suffix == ".gguf" else (path.name or spec)
 
 
 def format_summary(table: CostTable) -> str:

@@ -15,7 +15,7 @@ def _csv_ints(s: str) -> list[int]:
 
 
 def _regenerate(args: argparse.Namespace) -> int:
-    from dspark.cli import load_target
+    from dspark.models.loading import load_target
     from dspark.training.data import regenerate, training_prompts
 
     prompts = training_prompts(args.prompts, args.per_file, args.sharegpt, skip=args.skip)
@@ -43,8 +43,8 @@ def _regenerate(args: argparse.Namespace) -> int:
 
 
 def _features(args: argparse.Namespace) -> int:
-    from dspark.cli import load_target
     from dspark.models.drafter import default_target_layer_ids
+    from dspark.models.loading import load_target
     from dspark.models.pairing import target_num_layers
     from dspark.training.data import read_regenerated
     from dspark.training.features import FeatureCache
@@ -62,9 +62,9 @@ def _features(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from dspark.cli import load_target
     from dspark.models.draft_vocab import load_draft_vocab
     from dspark.models.drafter import DSparkDrafter
+    from dspark.models.loading import load_target
     from dspark.training.features import FeatureCache
     from dspark.training.init import bigram_markov_init, feature_rms, init_from_target
     from dspark.training.objective import LossWeights
@@ -155,8 +155,8 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _vocab(args: argparse.Namespace) -> int:
-    from dspark.cli import load_target
     from dspark.models.draft_vocab import save_draft_vocab
+    from dspark.models.loading import load_target
     from dspark.training.vocab import build_draft_vocab
 
     target, tok = load_target(args.target)
