@@ -38,8 +38,11 @@ def _check_unit(a: np.ndarray, name: str) -> None:
         raise ValueError(f"{name}: values must lie in [0, 1]")
 
 
-def _bin_index(pred: np.ndarray, n_bins: int) -> np.ndarray:
-    # bin b holds [b/n, (b+1)/n); 1.0 goes to the last bin
+def bin_index(pred: np.ndarray, n_bins: int) -> np.ndarray:
+    """The equal-width bin of each prediction in ``[0, 1]``: bin ``b`` holds ``[b/n, (b+1)/n)``.
+
+    1.0 goes to the last bin. Shared by the reliability bins and the STS fit so both bin alike.
+    """
     return np.minimum((pred * n_bins).astype(np.int64), n_bins - 1)
 
 
@@ -75,7 +78,7 @@ def _binned(pred: Any, label: Any, n_bins: int) -> tuple[np.ndarray, np.ndarray,
     _check_unit(y, "label")
     if int(n_bins) < 1:
         raise ValueError(f"n_bins: must be >= 1, got {n_bins}")
-    return p, y, _bin_index(p, int(n_bins))
+    return p, y, bin_index(p, int(n_bins))
 
 
 def ece(pred: Any, label: Any, n_bins: int = 20) -> float:

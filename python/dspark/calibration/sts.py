@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dspark.calibration.metrics import _bin_index
+from dspark.calibration.metrics import bin_index
 
 #: SGLang's grid: 41 log-spaced temperatures from 0.1 to 10 (1.0 is on it).
 DEFAULT_GRID: tuple[float, ...] = tuple(float(t) for t in np.logspace(-1.0, 1.0, 41))
@@ -90,7 +90,7 @@ def _ece(pred: np.ndarray, label: np.ndarray, n_bins: int) -> float:
 def _ece_rows(pred: np.ndarray, label: np.ndarray, n_bins: int) -> np.ndarray:
     """:func:`_ece` of every row of ``pred`` ``[M, N]`` against ``label`` ``[N]`` in one bincount."""
     m, n = pred.shape
-    idx = _bin_index(pred, n_bins) + n_bins * np.arange(m)[:, None]
+    idx = bin_index(pred, n_bins) + n_bins * np.arange(m)[:, None]
     gap = np.bincount(idx.ravel(), weights=(pred - label).ravel(), minlength=m * n_bins)
     return np.abs(gap.reshape(m, n_bins)).sum(axis=1) / n
 

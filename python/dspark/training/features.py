@@ -39,7 +39,14 @@ class Sample:
     p_lse: Tensor | None = None  # [S] float32 (NaN at prompt rows); None in caches built without it
 
 
-def _final_norm(target) -> torch.nn.Module:
+def final_norm(target) -> torch.nn.Module:
+    """The target's final norm (``model.norm``), whose output the LM head reads.
+
+    Raises
+    ------
+    ValueError
+        When the target has no such module.
+    """
     base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
     norm = getattr(base, "norm", None)
     if norm is None:
@@ -57,10 +64,10 @@ def target_features(
     embedding output (``hidden_states[0]``), as the serving path (:class:`dspark.models.target.TargetAdapter`) taps
     them.
     """
-    from dspark.models.target import _decoder_layers, tap_layers
+    from dspark.models.target import decoder_layers, tap_layers
 
     ids = torch.as_tensor(input_ids, dtype=torch.int64).view(1, -1).to(next(target.parameters()).device)
-    layers = _decoder_layers(target)
+    layers = decoder_layers(target)
     if layers is None:
         raise ValueError(f"target: {type(target).__name__} has no decoder layer list to tap")
     bad = [i for i in layer_ids if not -1 <= i < len(layers)]
@@ -68,7 +75,7 @@ def target_features(
         raise ValueError(f"layer_ids: {bad} outside [-1, {len(layers)}) (-1: the embedding output)")
     captured: dict[object, Tensor] = {}
     hooks = tap_layers(layers, sorted(set(layer_ids)), captured.__setitem__)
-    hooks.append(_final_norm(target).register_forward_hook(lambda m, i, o: captured.__setitem__("last", o)))
+    hooks.append(final_norm(target).register_forward_hook(lambda m, i, o: captured.__setitem__("last", o)))
     try:
         target.model(input_ids=ids, use_cache=False)
     finally:

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.heads import VanillaMarkovHead
-from dspark.models.target import _decoder_layers
-from dspark.training.features import _final_norm
+from dspark.models.target import decoder_layers
+from dspark.training.features import final_norm
 
 INIT_MODES = ("random", "norm", "early", "late")
 
@@ -59,7 +59,7 @@ def init_from_target(
     if rms is not None and (rms.shape != (m * H,) or not bool(torch.isfinite(rms).all())):
         raise ValueError(f"rms: expected {m * H} finite per-channel values, got shape {tuple(rms.shape)}")
     if mode != "random":
-        drafter.norm.weight.copy_(_final_norm(target).weight)
+        drafter.norm.weight.copy_(final_norm(target).weight)
         drafter.fc.weight.zero_()
         drafter.fc.weight[:, (m - 1) * H :].copy_(torch.eye(H))
     if rms is not None:
@@ -67,7 +67,7 @@ def init_from_target(
         drafter.fc.weight.mul_((r.mean() / r).to(drafter.fc.weight))
     if mode in ("random", "norm"):
         return
-    layers = _decoder_layers(target)
+    layers = decoder_layers(target)
     if layers is None:
         raise ValueError(
             f"mode {mode!r}: {type(target).__name__} has no decoder layers `model.layers` to copy"
