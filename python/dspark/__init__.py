@@ -12,13 +12,12 @@ import torch  # noqa: F401  (must be imported before the extension: _C links aga
 from dspark import (  # noqa: F401  (ops registers the fake implementations)
     _C,  # noqa: F401  (registers the TORCH_LIBRARY(dspark) ops)
     ops,
-    reference,
 )
+from dspark._version import __version__
 from dspark.decoding.decoder import DSparkDecoder, GenerateOutput, StreamEvent
-from dspark.decoding.planner import Planner, SpsTable
+from dspark.decoding.planner import Planner
+from dspark.decoding.tables import SpsTable
 from dspark.models import DSparkDrafter
-
-__version__ = "0.1.0"
 
 
 def build_info() -> dict:

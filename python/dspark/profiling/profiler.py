@@ -80,7 +80,7 @@ def cpu_name() -> str:
 
 def describe_device(device: torch.device) -> dict:
     """Device, library versions and threads, for the table's metadata."""
-    import dspark
+    from dspark import _version as dspark  # only the version: the package top is a layer above
 
     info: dict[str, Any] = {
         "device": str(device),
