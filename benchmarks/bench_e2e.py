@@ -58,7 +58,7 @@ from benchmarks.e2e.inputs import (  # noqa: E402
 from benchmarks.e2e.plots import plots  # noqa: E402
 from benchmarks.e2e.report import case_table, check_tokens, fill_ratios, write_json  # noqa: E402
 from benchmarks.e2e.runners import Bench, run_case  # noqa: E402
-from dspark.decoding.decoder import chat_token_ids  # noqa: E402
+from dspark.decoding.inputs import chat_token_ids  # noqa: E402
 from dspark.models.draft_vocab import (  # noqa: E402
     add_draft_vocab_argument,
     draft_vocab_option,

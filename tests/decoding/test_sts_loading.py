@@ -59,39 +59,39 @@ def test_every_round_applies_the_loaded_temperatures_and_offsets():
     drafter = random_drafter(target, block_size=3)
     t, b = [0.5, 2.0, 1.0], [0.7, -1.1, 0.2]
     seen = []
-    draft = drafter.draft
+    score = drafter.score
 
-    def spy(*args, **kwargs):
-        out = draft(*args, **kwargs)
-        seen.append((args[5], kwargs.get("sts_bias"), out))
+    def spy(hidden, prev_emb, sts_t, sts_b):
+        out = score(hidden, prev_emb, sts_t, sts_b)
+        seen.append((sts_t, sts_b, out))
         return out
 
-    drafter.draft = spy
+    drafter.score = spy
     dec = DSparkDecoder(target, drafter, planner="full", sts={"temperatures": t, "biases": b})
     try:
         dec.generate([[5, 6, 7], [8, 9]], max_new_tokens=6, temperature=1.0, seed=0)
     finally:
         dec.close()
     assert seen
-    for t_in, b_in, out in seen:
+    for t_in, b_in, (conf_logit, conf, survival) in seen:
         assert t_in.tolist() == t and b_in.tolist() == pytest.approx(b)
-        want = torch.sigmoid(out.conf_logit / torch.tensor(t) + torch.tensor(b))
-        torch.testing.assert_close(out.conf, want)
-        assert torch.equal(out.survival, torch.cumprod(out.conf, dim=1))
+        want = torch.sigmoid(conf_logit / torch.tensor(t) + torch.tensor(b))
+        torch.testing.assert_close(conf, want)
+        assert torch.equal(survival, torch.cumprod(conf, dim=1))
 
 
 def test_a_shorter_gamma_drafts_only_its_slots_with_the_first_sts_entries():
     target = tiny_target("llama", seed=4)
     drafter = random_drafter(target, block_size=4)
     seen = []
-    draft = drafter.draft
+    score = drafter.score
 
-    def spy(*args, **kwargs):
-        out = draft(*args, **kwargs)
-        seen.append((args[5], out))
+    def spy(hidden, prev_emb, sts_t, sts_b):
+        out = score(hidden, prev_emb, sts_t, sts_b)
+        seen.append((sts_t, hidden, out[2]))
         return out
 
-    drafter.draft = spy
+    drafter.score = spy
     sts = {"temperatures": [0.5, 2.0, 1.0, 3.0], "biases": [0.1, 0.2, 0.3, 0.4]}
     dec = DSparkDecoder(target, drafter, planner="full", block_size=2, sts=sts)
     try:
@@ -101,5 +101,5 @@ def test_a_shorter_gamma_drafts_only_its_slots_with_the_first_sts_entries():
         dec.close()
     assert spec == plain  # greedy: the target's own tokens
     assert seen
-    for t_in, out in seen:
-        assert t_in.tolist() == [0.5, 2.0] and out.tokens.shape[1] == 2 and out.survival.shape[1] == 2
+    for t_in, hidden, survival in seen:
+        assert t_in.tolist() == [0.5, 2.0] and hidden.shape[1] == 2 and survival.shape[1] == 2

@@ -191,7 +191,9 @@ def confidence(engine: Engine, r: RoundState) -> None:
     scored = engine.drafter.score(r.proposal.hidden, r.sample.prev_emb, sts, bias)
     if scored is not None:
         r.conf_logit, _, survival = scored
-        r.survival = survival.contiguous()
+        ok = all_finite(survival)  # NaN survival (from NaN drafter states) fails the round like NaN logits
+        r.draft_ok = r.draft_ok & ok
+        r.survival = sanitized(survival, ok).contiguous()
 
 
 def plan(engine: Engine, call: CallState, r: RoundState) -> None:
