@@ -222,9 +222,10 @@ def run_dspark(
 ) -> Run:
     """``DSparkDecoder.generate`` on all prompts, ``batch`` requests at a time (finished ones are replaced).
 
-    ``speculative=False`` runs plain decoding through the same engine (no drafts; the row has no planner).
+    ``drafter=None`` (or ``speculative=False``) runs plain decoding through the same engine (no drafts; the row
+    has no planner).
     """
-    has_conf = drafter.confidence_head is not None
+    has_conf = drafter is not None and drafter.confidence_head is not None
     dec = DSparkDecoder(
         target,
         drafter,
@@ -323,7 +324,7 @@ def _engine_runs(bench: Bench, prompts: list[list[int]], batch: int, temperature
     )
     drafter = bench.drafter
     if bench.plain:
-        yield engine(drafter, prompts, method=PLAIN, planner="full", speculative=False)
+        yield engine(None, prompts, method=PLAIN, planner="full")
     planned = functools.partial(
         engine, drafter, prompts, sps=bench.sps, sts=bench.sts, block_size=bench.block_size
     )

@@ -303,7 +303,7 @@ class DSparkDecoder:
                 if fresh:
                     prefill(self, call, fresh)
                 elif active:
-                    self._make_room(active, waiting, failed)
+                    self._make_room(call, active, waiting, failed)
                     if active:
                         self._round(call, active)
                 for r in failed + active:
@@ -364,7 +364,9 @@ class DSparkDecoder:
                 return
             active.append(waiting.popleft())
 
-    def _make_room(self, active: list[Request], waiting: deque, failed: list[Request]) -> None:
+    def _make_room(
+        self, call: CallState, active: list[Request], waiting: deque, failed: list[Request]
+    ) -> None:
         """Preempt the newest running requests until the rest can run a round; a request alone that still does
         not fit is dropped with an error (the others go on)."""
         while active and self._spare_pages(active) < 0:
@@ -373,6 +375,7 @@ class DSparkDecoder:
             self._release(victim)
             if active:
                 waiting.appendleft(victim)
+                call.stats.preemptions += 1
             else:
                 need = self.adapter.pool.pages_needed(self._peak_tokens(victim))
                 self._fail(victim, need, failed)

@@ -41,6 +41,7 @@ class DSparkStats:
     realised_survival_sum: list[float] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wall_seconds: float = 0.0
+    preemptions: int = 0  # running requests preempted (KV pool short) and resumed later
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
@@ -126,7 +127,14 @@ class DSparkStats:
         """Add ``other``'s counters into this one (same gamma); returns self."""
         if other.gamma != self.gamma:
             raise ValueError(f"DSparkStats.merge: gamma {other.gamma} != {self.gamma}")
-        for name in ("rounds", "request_rounds", "emitted_tokens", "verified_drafts", "rejected_drafts"):
+        for name in (
+            "rounds",
+            "request_rounds",
+            "emitted_tokens",
+            "verified_drafts",
+            "rejected_drafts",
+            "preemptions",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.budget_total += other.budget_total
         self.calib_rows += other.calib_rows
@@ -194,6 +202,7 @@ class DSparkStats:
             "mean_budget_per_round": self.mean_budget,
             "verified_drafts": self.verified_drafts,
             "rejected_drafts": self.rejected_drafts,
+            "preemptions": self.preemptions,
             "calibration_rows": self.calib_rows,
             "calibration": self.calibration,
             "tokens_per_second": self.tokens_per_second,

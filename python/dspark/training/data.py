@@ -136,11 +136,8 @@ def regenerate(
     dec = None
     if engine == "dspark":
         from dspark.decoding.decoder import DSparkDecoder
-        from dspark.models.drafter import DSparkDrafter
 
-        # plain decoding never drafts; a minimal drafter satisfies the decoder's pairing
-        stub = DSparkDrafter.from_config(target, block_size=1, num_layers=1, markov_rank=0)
-        dec = DSparkDecoder(target, stub, planner="full", max_batch_size=batch_size, tokenizer=tokenizer)
+        dec = DSparkDecoder(target, None, max_batch_size=batch_size, tokenizer=tokenizer)  # plain decoding
     try:
         with open(out_path, "a", encoding="utf-8") as f:
             step = batch_size * 4 if engine == "dspark" else batch_size
@@ -155,7 +152,6 @@ def regenerate(
                         temperature=temperature,
                         seed=seed + b,
                         eos_token_id=eos,
-                        speculative=False,
                     )
                     resps = out.sequences
                 else:
