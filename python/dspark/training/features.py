@@ -64,7 +64,7 @@ def target_features(
     embedding output (``hidden_states[0]``), as the serving path (:class:`dspark.models.target.TargetAdapter`) taps
     them.
     """
-    from dspark.models.target import decoder_layers, tap_layers
+    from dspark.models.support import decoder_layers, tap_layers
 
     ids = torch.as_tensor(input_ids, dtype=torch.int64).view(1, -1).to(next(target.parameters()).device)
     layers = decoder_layers(target)

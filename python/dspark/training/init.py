@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.heads import VanillaMarkovHead
-from dspark.models.target import decoder_layers
+from dspark.models.support import decoder_layers
 from dspark.training.features import final_norm
 
 INIT_MODES = ("random", "norm", "early", "late")
