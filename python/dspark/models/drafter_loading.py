@@ -1,17 +1,131 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Where a loaded drafter's tensors go: its dtype/device, and whether its embedding and LM head alias the
-target's or are its own (``DSparkDrafter.from_pretrained``; the rules are in docs/drafter.md)."""
+"""A drafter's checkpoint on disk and back: loading one (its dtype/device, and whether its embedding and LM head
+alias the target's or are its own) and the tensors a save writes (``DSparkDrafter.from_pretrained`` /
+``save_pretrained``; the rules are in docs/drafter.md)."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from dspark.models import checkpoint as ckpt
 from dspark.models.checkpoint import storage_dtype
 from dspark.models.config import DrafterConfig, dtype_from_name
-from dspark.models.pairing import check_same_weights
+from dspark.models.draft_vocab import DRAFT_VOCAB_FILE, resolve_draft_vocab, save_draft_vocab
+from dspark.models.pairing import check_same_weights, validate_pairing
 
 SHARABLE = ("embed_tokens", "lm_head")
+# the drafter class is passed in, not imported: drafter.py imports this module
+D = TypeVar("D", bound=nn.Module)
+
+
+def load_pretrained(
+    cls: type[D],
+    path: str | os.PathLike,
+    target: nn.Module | None = None,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str | None = None,
+    share_target_embeddings: bool | None = None,
+    tokenizer=None,
+    draft_vocab: bool | str | os.PathLike | Tensor | Sequence[int] | None = True,
+) -> D:
+    """Build a ``cls`` drafter from a DeepSpec-layout checkpoint (arguments: ``DSparkDrafter.from_pretrained``).
+
+    Parameters
+    ----------
+    cls : type
+        ``DSparkDrafter`` (or a subclass).
+    path, target, dtype, device, share_target_embeddings, tokenizer, draft_vocab
+        As in ``DSparkDrafter.from_pretrained``.
+
+    Returns
+    -------
+    nn.Module
+        The drafter in eval mode, its tensors assigned (no copy through a random init).
+
+    Raises
+    ------
+    ValueError
+        Malformed checkpoint or draft vocabulary, or a pairing mismatch.
+    """
+    cfg = ckpt.read_config(path)
+    tensors = ckpt.read_tensors(path)
+    ckpt.check_tensors(cfg, tensors, where=f"drafter checkpoint {path}")
+    if target is not None:
+        validate_pairing(cfg, target, tokenizer=tokenizer, drafter_dir=path)
+    tables = target_tables(target)
+    dtype, device = resolve_dtype_device(cfg, tensors, tables["embed_tokens"], dtype, device)
+    share = place_embeddings(
+        tensors,
+        tables,
+        has_target=target is not None,
+        dtype=dtype,
+        device=device,
+        share=share_target_embeddings,
+    )
+    cfg.dtype = dtype
+    with torch.device("meta"):  # no init: every tensor is assigned from the checkpoint
+        model = cls(cfg, own_embed=not share["embed_tokens"], own_lm_head=not share["lm_head"])
+    model.load_state_dict(loaded_state(tensors, dtype, device), strict=True, assign=True)
+    model.rotary_emb.reset(device)
+    if target is not None:
+        model.share_target_embeddings(target, embed=share["embed_tokens"], lm_head=share["lm_head"])
+        model._check_runtime(target)
+    model.set_draft_vocab(resolve_draft_vocab(draft_vocab, path, cfg.vocab_size))
+    return model.eval()
+
+
+def checkpoint_tensors(model: nn.Module, include_embeddings: bool = True) -> dict[str, Tensor]:
+    """The DeepSpec-named tensors a save writes (``DSparkDrafter.checkpoint_tensors``).
+
+    Parameters
+    ----------
+    model : DSparkDrafter
+        The drafter.
+    include_embeddings : bool
+        Also the embedding and LM head when they alias the target's.
+
+    Returns
+    -------
+    dict
+        Name -> tensor; the confidence head in the backbone dtype where that is lossless.
+    """
+    out = dict(model.state_dict())
+    if include_embeddings:
+        out.setdefault("embed_tokens.weight", model.embed_weight)
+        out.setdefault("lm_head.weight", model.lm_head_weight)
+    if model.confidence_head is not None:  # stored in the backbone dtype when that is lossless
+        for n in ("confidence_head.proj.weight", "confidence_head.proj.bias"):
+            t = out[n]
+            if torch.equal(t.to(model.dtype).float(), t):
+                out[n] = t.to(model.dtype)
+    return out
+
+
+def save_pretrained(model: nn.Module, path: str | os.PathLike, *, include_embeddings: bool = True) -> None:
+    """Write ``config.json`` + ``model.safetensors``, and ``draft_vocab.json`` or remove a stale one.
+
+    Parameters
+    ----------
+    model : DSparkDrafter
+        The drafter (its config's ``dtype`` is set to the drafter's).
+    path : path
+        The folder.
+    include_embeddings : bool
+        As in :func:`checkpoint_tensors`.
+    """
+    model.config.dtype = model.dtype
+    ckpt.write_checkpoint(path, model.config, checkpoint_tensors(model, include_embeddings))
+    if model.draft_vocab is not None:
+        save_draft_vocab(path, model.draft_vocab)
+    else:
+        (Path(path) / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
 
 
 def target_tables(target: nn.Module | None) -> dict[str, Tensor | None]:

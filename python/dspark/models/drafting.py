@@ -1,0 +1,259 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A ``DSparkDrafter``'s draft round: the block forward over each request's context (:meth:`DraftSteps.backbone`)
+and the three steps the decoder runs one by one — :meth:`~DraftSteps.propose` (backbone + LM head),
+:meth:`~DraftSteps.sample` (Markov sampling), :meth:`~DraftSteps.score` (confidence) — chained by
+:meth:`~DraftSteps.draft`. A mixin of ``DSparkDrafter`` (docs/drafter.md), so the steps are the drafter's methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dspark.host_sync import to_device
+from dspark.models import cpu_linear
+from dspark.models.config import DrafterConfig
+from dspark.models.context import RequestContext
+from dspark.models.cpu_linear import weight_stationary_linears
+from dspark.models.draft_vocab import expand_to_vocab
+from dspark.models.heads import MarkovSample, sample_without_markov
+
+
+@dataclasses.dataclass
+class DraftOutput:
+    """One draft round for R requests (γ = drafted slots, the block size unless fewer were asked for).
+
+    tokens ``(R, γ)`` int64; draft_logits ``(R, γ, V)`` float32 (Markov-corrected ``z``; ``q = softmax(z/T)``);
+    prev_emb ``(R, γ, r)`` (``W1[x_{k-1}]``, r = 0 without a Markov head); hidden ``(R, γ, H)`` final-normed;
+    base_logits ``(R, γ, V)`` (``U = lm_head(hidden)``, None unless asked); conf_logit / conf / survival
+    ``(R, γ)`` float32 (None without a confidence head). With a draft vocabulary the logits are still over the
+    whole vocabulary, ``outside_logit`` (q = 0) at the ids outside it.
+    """
+
+    tokens: Tensor
+    draft_logits: Tensor
+    prev_emb: Tensor
+    hidden: Tensor
+    base_logits: Tensor | None = None
+    conf_logit: Tensor | None = None
+    conf: Tensor | None = None
+    survival: Tensor | None = None
+    markov_seconds: float = 0.0  # host time of the Markov sampling step (launch time only on CUDA)
+
+
+@dataclasses.dataclass
+class DraftProposal:
+    """What :meth:`DSparkDrafter.propose` hands to sampling: ``request_ids`` ``(R,)`` and ``anchors`` ``(R,)``
+    int64 on the drafter's device, ``hidden`` ``(R, g, H)`` final-normed, ``base_logits`` ``U`` ``(R, g, V)``
+    (``(R, g, V')`` over a draft vocabulary)."""
+
+    request_ids: Tensor
+    anchors: Tensor
+    hidden: Tensor
+    base_logits: Tensor
+
+
+class DraftSteps:
+    """The draft round of ``DSparkDrafter`` (mixed in). It reads what the drafter defines: the attributes below,
+    ``embed_weight`` / ``lm_head_weight``, ``device`` / ``dtype`` and ``_vocab_tables()`` (the draft vocabulary's
+    gathered rows, None without one)."""
+
+    # set by DSparkDrafter.__init__ (annotations only: nn.Module resolves its submodules itself)
+    config: DrafterConfig
+    layers: nn.ModuleList
+    norm: nn.Module
+    rotary_emb: nn.Module
+    markov_head: nn.Module | None
+    confidence_head: nn.Module | None
+    _contexts: dict[int, RequestContext]
+
+    def backbone(
+        self, anchors: Tensor, contexts: Sequence[RequestContext | None], starts: Sequence[int]
+    ) -> Tensor:
+        """Block forward for R requests: ``[anchor, MASK x (γ-1)]`` -> final-normed hidden ``(R, γ, H)``."""
+        c = self.config
+        R, g = anchors.shape[0], c.block_size
+        tok = torch.full((R, g), c.mask_token_id, dtype=torch.int64, device=self.device)
+        tok[:, 0] = to_device(anchors, self.device)
+        x = F.embedding(tok.view(-1), self.embed_weight).to(self.dtype)  # [R*g, H]
+        start_t = to_device(list(starts), self.device, torch.int64)
+        pos = (start_t.unsqueeze(1) + torch.arange(g, device=self.device)).view(-1)
+        cos, sin = self.rotary_emb.cos_sin(pos, self.dtype)
+        scale = c.head_dim**-0.5
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.project_q(h, cos, sin)  # [R*g, nh, D]
+            k, v = attn.project_kv(h, cos, sin)  # [R*g, nkv, D]
+            outs = []
+            for i, ctx in enumerate(contexts):
+                sl = slice(i * g, (i + 1) * g)
+                if ctx is None or ctx.length == 0:
+                    K, V = k[sl], v[sl]
+                else:  # block K/V go to scratch rows past the context; length is not advanced
+                    ctx.write(li, ctx.length, k[sl], v[sl])
+                    K, V = ctx.keys_values(li, ctx.length + g)
+                o = F.scaled_dot_product_attention(
+                    q[sl].transpose(0, 1).unsqueeze(0),
+                    K.transpose(0, 1).unsqueeze(0),
+                    V.transpose(0, 1).unsqueeze(0),
+                    scale=scale,
+                    enable_gqa=True,
+                )  # [1, nh, g, D], no mask: bidirectional block + all context
+                outs.append(o[0].transpose(0, 1))
+            o = torch.cat(outs, 0).reshape(R * g, -1)
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x).view(R, g, -1)
+
+    @torch.no_grad()
+    def propose(
+        self,
+        request_ids: Sequence[int] | Tensor,
+        anchors: Tensor,
+        *,
+        start_positions: Sequence[int] | None = None,
+        num_positions: int | None = None,
+    ) -> DraftProposal:
+        """Step 1 of a draft: the block forward and the LM head, ``U = lm_head(hidden)`` for ``g`` slots.
+
+        Arguments as in :meth:`draft`. The backbone always runs the whole block; only the first ``g`` slots
+        reach the LM head.
+        """
+        ids_t = torch.as_tensor(
+            request_ids.tolist() if isinstance(request_ids, Tensor) else list(request_ids), dtype=torch.int64
+        )
+        ids = ids_t.tolist()
+        R = len(ids)
+        if len(set(ids)) != R:
+            raise ValueError(f"request_ids: must be distinct, got {ids}")
+        g = self.config.block_size if num_positions is None else int(num_positions)
+        if not 1 <= g <= self.config.block_size:
+            raise ValueError(f"num_positions: must be in [1, {self.config.block_size}], got {num_positions}")
+        if anchors.shape != (R,):
+            raise ValueError(f"anchors: expected shape ({R},), got {tuple(anchors.shape)}")
+        # the decoder passes host anchors, so this check costs no device read
+        if bool(((anchors < 0) | (anchors >= self.config.vocab_size)).any()):
+            raise ValueError(f"anchors: token ids must be in [0, {self.config.vocab_size})")
+        ctxs = [self._contexts.get(i) for i in ids]
+        if start_positions is None:
+            starts = [0 if ctx is None else ctx.next_position for ctx in ctxs]
+        else:
+            starts = [int(s) for s in start_positions]
+            for j, (s, ctx) in enumerate(zip(starts, ctxs, strict=True)):
+                if ctx is not None and s < ctx.next_position:
+                    raise ValueError(
+                        f"start_positions[{j}]: {s} overlaps the context (ends at {ctx.next_position})"
+                    )
+        for ctx in ctxs:
+            if ctx is not None:
+                ctx.reserve(ctx.length + self.config.block_size)
+        anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
+        vocab = self._vocab_tables()
+        # fp32 CPU: few rows (γ per request) go faster transposed
+        with weight_stationary_linears(self.modules()):
+            hidden = self.backbone(anchors, ctxs, starts)
+            if g < hidden.shape[1]:
+                hidden = hidden[:, :g].contiguous()
+            # [R, g, V], or [R, g, V'] over a draft vocabulary; 2-D rows: a sliced 3-D hidden can send
+            # F.linear down a batched path that copies the whole weight
+            W = self.lm_head_weight if vocab is None else vocab.lm_head
+            U = cpu_linear.linear(hidden.reshape(R * g, -1), W).view(R, g, -1)
+        return DraftProposal(to_device(ids_t, self.device), anchors, hidden, U)
+
+    @torch.no_grad()
+    def sample(
+        self, proposal: DraftProposal, temperature: float | Tensor, seed: int, offset: int
+    ) -> MarkovSample:
+        """Step 2 of a draft: Markov sampling of the proposal's slots (tokens, ``z`` over the whole vocabulary,
+        ``prev_emb``). The noise is keyed by ``(seed, offset, request id, slot)``."""
+        p, vocab = proposal, self._vocab_tables()
+        if self.markov_head is not None:
+            s = self.markov_head.sample(
+                p.base_logits, p.anchors, temperature, seed, offset, p.hidden, p.request_ids, vocab=vocab
+            )
+        else:  # DFlash: no Markov bias (z = U)
+            s = sample_without_markov(
+                p.base_logits, p.anchors, temperature, seed, offset, p.request_ids, vocab=vocab
+            )
+        if vocab is not None:  # the verifier takes q over the whole vocabulary: 0 outside the draft one
+            s = MarkovSample(
+                s.tokens, expand_to_vocab(s.logits, vocab.token_ids, self.config.vocab_size), s.prev_emb
+            )
+        return s
+
+    def score(
+        self,
+        hidden: Tensor,
+        prev_emb: Tensor,
+        sts_temperature: Tensor | None = None,
+        sts_bias: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Step 3 of a draft: ``(conf_logit, conf, survival)`` ``(R, g)`` of the confidence head (None without)."""
+        if self.confidence_head is None:
+            return None
+        return self.confidence_head(hidden, prev_emb, sts_temperature, sts_bias)
+
+    @torch.no_grad()
+    def draft(
+        self,
+        request_ids: Sequence[int] | Tensor,
+        anchors: Tensor,
+        temperature: float | Tensor = 0.0,
+        seed: int = 0,
+        offset: int = 0,
+        sts_temperature: Tensor | None = None,
+        *,
+        sts_bias: Tensor | None = None,
+        start_positions: Sequence[int] | None = None,
+        return_base_logits: bool = False,
+        num_positions: int | None = None,
+    ) -> DraftOutput:
+        """One draft round for R requests: :meth:`propose`, :meth:`sample`, :meth:`score`.
+
+        Parameters
+        ----------
+        request_ids : sequence of int or Tensor
+            R distinct request ids; they select the contexts and key the sampling noise.
+        anchors : Tensor
+            ``(R,)`` int64: each request's last committed token (at its :meth:`next_position`).
+        temperature : float or Tensor
+            Scalar or ``(R,)`` float; 0 = greedy (argmax).
+        seed, offset : int
+            Philox stream of this round (``offset`` advances once per round).
+        sts_temperature : Tensor, optional
+            ``(γ,)`` float32 STS temperatures of the confidence (ones when None).
+        sts_bias : Tensor, optional
+            ``(γ,)`` float32 offsets of affine STS, ``conf = sigmoid(logit / T + o)`` (zeros when None).
+        start_positions : sequence of int, optional
+            Anchor positions; default each request's :meth:`next_position`.
+        return_base_logits : bool
+            Also return ``U`` (the logits before the Markov bias).
+        num_positions : int, optional
+            Draft only the first ``g`` slots (default: all γ). The backbone still runs the whole block, and the
+            sampling noise is keyed by position, so the result equals the first ``g`` slots of a full draft; the
+            LM head, Markov sampling and confidence skip the rest. Outputs are ``(R, g, ...)`` and the STS
+            vectors have ``g`` entries.
+        """
+        p = self.propose(request_ids, anchors, start_positions=start_positions, num_positions=num_positions)
+        t_markov = time.perf_counter()
+        s = self.sample(p, temperature, seed, offset)
+        base = None
+        if return_base_logits:
+            vocab = self._vocab_tables()
+            base = (
+                p.base_logits
+                if vocab is None
+                else expand_to_vocab(p.base_logits, vocab.token_ids, self.config.vocab_size)
+            )
+        out = DraftOutput(s.tokens, s.logits, s.prev_emb, p.hidden, base)
+        out.markov_seconds = time.perf_counter() - t_markov
+        scored = self.score(p.hidden, s.prev_emb, sts_temperature, sts_bias)
+        if scored is not None:
+            out.conf_logit, out.conf, out.survival = scored
+        return out
