@@ -4,6 +4,7 @@
 Every case of docs/decoder.md's "Faults and bad input" table has a test here (the soak test mixes them).
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -220,6 +221,7 @@ def test_nan_in_a_committed_row_fails_naming_the_stage():
         (dict(prompts=[[1.0, 2.0]]), r"prompts\[0\]\[0\]: token ids must be integers"),
         (dict(prompts=torch.tensor([[1.0, 2.0]])), r"prompts\[0\]: token ids must be integers"),
         (dict(prompts=[[1, True]]), r"prompts\[0\]\[1\]: token ids must be integers"),
+        (dict(prompts=np.array([[1.5, 2.0]])), r"prompts\[0\]\[0\]: token ids must be integers"),
         (dict(top_k=2.5), "top_k: must be an integer"),
         (dict(top_k=-1), "top_k: must be >= 0"),
         (dict(top_p=float("nan")), "top_p: must be finite"),

@@ -177,6 +177,8 @@ def _token_list(i: int, p: Any, vocab_size: int) -> list[int]:
         if p.dtype.is_floating_point or p.dtype.is_complex or p.dtype == torch.bool:
             raise ValueError(f"prompts[{i}]: token ids must be integers, got a {p.dtype} tensor")
         p = p.reshape(-1).tolist()
+    elif hasattr(p, "tolist") and not isinstance(p, (list, tuple)):  # a NumPy array of ids
+        p = p.tolist()
     if not isinstance(p, (list, tuple)):
         raise ValueError(f"prompts[{i}]: expected a list of token ids, got {type(p).__name__}")
     if not p:
@@ -193,6 +195,8 @@ def _token_list(i: int, p: Any, vocab_size: int) -> list[int]:
 
 def encode_prompts(prompts: Any, tokenizer: Any, vocab_size: int) -> list[list[int]]:
     """Token-id lists of ``prompts`` (see ``DSparkDecoder.generate``), each checked against the vocabulary."""
+    if hasattr(prompts, "tolist") and not isinstance(prompts, (Tensor, list, tuple, str)):
+        prompts = prompts.tolist()  # a NumPy array
     if isinstance(prompts, Tensor):
         if prompts.dim() not in (1, 2):
             raise ValueError(f"prompts: a tensor of token ids must be 1-D or 2-D, got {prompts.dim()}-D")
