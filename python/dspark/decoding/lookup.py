@@ -1,0 +1,202 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Lookup drafts: propose the tokens that followed the longest recent match of the history's own suffix.
+
+A :class:`LookupIndex` holds one request's history (its prompt, then the tokens each round commits) and an
+index over it that is updated incrementally, so that a proposal costs a few dictionary look-ups whatever the
+history's length. It draws nothing at random: a proposal is a function of the history alone.
+
+The rule
+--------
+Let ``h`` be the history, ``L = len(h)``, and ``m, M`` the config's ``min_match, max_match``. An *earlier
+occurrence* of the suffix of length ``n`` is an end position ``e`` with ``n <= e <= L - 1`` and
+``h[e - n:e] == h[L - n:L]``: the n-gram ends strictly before the history does, so at least one token, ``h[e]``,
+follows it. ``propose(k)`` takes the largest ``n`` in ``[m, M]`` that has an earlier occurrence, the largest
+such ``e`` (the most recent occurrence), and returns ``h[e:min(e + k, L)]``: up to ``k`` tokens, fewer when the
+continuation runs into the end of the history. The occurrence may overlap the suffix itself: in a run
+``[5, 5, 5, 5]`` with ``m, M = 2, 4`` the 3-gram ending at ``e = 3`` matches and the proposal is ``[5]`` (the one
+token known to follow it), as prompt-lookup implementations do. With no earlier occurrence for any ``n`` the
+proposal is ``[]``.
+
+Lookup without any history: an index with an empty history (or one shorter than ``min_match + 1`` tokens,
+which cannot hold an earlier occurrence) proposes nothing — ``propose`` returns ``[]`` and sets
+``match_length`` to 0; it is not an error.
+
+The index
+---------
+One dict maps every n-gram (a tuple; its length is ``n``, so the ``M - m + 1`` tables share one dict) to the
+latest end position at which it was followed by a token. The n-grams ending at the history's end ``L`` are
+inserted only when token ``L`` arrives, so the dict never holds the suffix's own occurrence and one look-up
+answers the rule's "most recent earlier occurrence" directly. ``extend`` costs ``O(M - m + 1)`` tuple inserts per token,
+``propose`` ``O(M - m + 1)`` look-ups plus the ``k`` tokens copied; memory is ``O(L * (M - m + 1))`` tuples.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["LookupConfig", "LookupIndex"]
+
+# Chunks this long or longer are indexed with zip (a few microseconds to set up per n, then faster per token)
+_BULK = 32
+
+
+def _check_int(name: str, value: object, minimum: int, expected: str) -> None:
+    # bool is an int subclass, and a float like 2.0 would slice silently: both are mistakes in a config
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: must be an int {expected}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name}: must be {expected}, got {value}")
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """How a :class:`LookupIndex` matches and how much it proposes.
+
+    Parameters
+    ----------
+    min_match : int
+        Shortest suffix (in tokens) that may match; >= 1. In a long history almost every token occurred
+        before, so a 1-token match says little: hence the default 2.
+    max_match : int
+        Longest suffix, tried first; >= ``min_match``. Longer suffixes give fewer but surer matches; each
+        length costs one look-up per round and one index entry per token.
+    max_tokens : int or None
+        Cap on the tokens one proposal holds (>= 1); ``None`` leaves the cap to the caller's ``k`` (its γ).
+    """
+
+    min_match: int = 2
+    max_match: int = 4
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("min_match", self.min_match, 1, ">= 1")
+        _check_int("max_match", self.max_match, self.min_match, f">= min_match ({self.min_match})")
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, 1, ">= 1 or None")
+
+
+def _as_token(t: object) -> int:
+    # numpy integers are Integral and welcome; bools, floats and 0-d tensors are not token ids
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+        # iterating a tensor yields 0-d tensors: say how to pass one
+        hint = "; pass a tensor as .tolist()" if hasattr(t, "tolist") and not isinstance(t, int) else ""
+        raise ValueError(f"extend: tokens must be non-negative ints, got {t!r} ({type(t).__name__}){hint}")
+    return int(t)
+
+
+class LookupIndex:
+    """One request's history with an incremental n-gram index; see the module docstring for the rule.
+
+    Parameters
+    ----------
+    config : LookupConfig
+        Match lengths and the proposal cap.
+
+    Attributes
+    ----------
+    match_length : int
+        The ``n`` whose occurrence produced the last proposal; 0 when that proposal was empty (no match,
+        ``k = 0``, or no proposal made yet).
+    """
+
+    __slots__ = ("config", "match_length", "_history", "_ends", "_lengths")
+
+    def __init__(self, config: LookupConfig | None = None) -> None:
+        if config is None:
+            config = LookupConfig()
+        if not isinstance(config, LookupConfig):
+            raise ValueError(f"config: must be a LookupConfig, got {type(config).__name__}")
+        self.config = config
+        self.match_length = 0
+        self._history: list[int] = []
+        # n-gram tuple -> latest end position e (exclusive) with a token h[e] after it
+        self._ends: dict[tuple[int, ...], int] = {}
+        self._lengths = tuple(range(config.min_match, config.max_match + 1))
+
+    def __len__(self) -> int:
+        return len(self._history)
+
+    @property
+    def history(self) -> tuple[int, ...]:
+        """A copy of the history (prompt and committed tokens), oldest first."""
+        return tuple(self._history)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append committed tokens (the prompt first, then each round's) and index the n-grams they close.
+
+        Parameters
+        ----------
+        tokens : iterable of int
+            Non-negative token ids. All are checked before any is appended, so a bad one leaves the index as
+            it was.
+
+        Raises
+        ------
+        ValueError
+            A token that is not a non-negative int (bools and floats included), naming it.
+        """
+        # plain non-negative ints (the usual case) skip the slower abstract-class check
+        new = [t if type(t) is int and t >= 0 else _as_token(t) for t in tokens]
+        h, ends = self._history, self._ends
+        start = len(h)
+        h.extend(new)
+        stop = len(h)
+        # The n-grams ending at start..stop-1 now have a token after them and become earlier occurrences
+        # (the one ending at stop, the new suffix, waits for the next token).
+        if stop - start < _BULK:
+            for e in range(start, stop):
+                for n in self._lengths:
+                    if n > e:
+                        break
+                    ends[tuple(h[e - n : e])] = e
+            return
+        # A prompt: zip builds the n-grams in C, and update() keeps the last end of a repeated n-gram.
+        for n in self._lengths:
+            first = max(start, n)
+            if first >= stop:
+                continue
+            seg = h[first - n : stop - 1]
+            grams = zip(*(seg[i:] for i in range(n)), strict=False)  # the shifted slices stop together
+            ends.update(zip(grams, range(first, stop), strict=True))
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens (capped by ``config.max_tokens``) that followed the longest recent match.
+
+        Parameters
+        ----------
+        k : int
+            Most tokens wanted (the round's γ); >= 0.
+
+        Returns
+        -------
+        list of int
+            The proposal, possibly shorter than ``k``; ``[]`` when no suffix of length in
+            ``[min_match, max_match]`` occurred earlier (always so for an empty history). Sets
+            :attr:`match_length`.
+
+        Raises
+        ------
+        ValueError
+            ``k`` not an int >= 0.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k: must be an int >= 0, got {k!r}")
+        cap = self.config.max_tokens
+        if cap is not None and k > cap:
+            k = cap
+        self.match_length = 0
+        h = self._history
+        L = len(h)
+        if k == 0:
+            return []
+        ends = self._ends
+        for n in reversed(self._lengths):
+            if n >= L:
+                continue  # an earlier occurrence needs n <= e <= L - 1
+            e = ends.get(tuple(h[L - n :]))
+            if e is not None:
+                self.match_length = n
+                return h[e : e + k]
+        return []
