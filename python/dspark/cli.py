@@ -9,8 +9,8 @@ import sys
 
 import torch
 
+from dspark.models import loading
 from dspark.models.draft_vocab import add_draft_vocab_argument, draft_vocab_option
-from dspark.models.loading import load_target
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -76,7 +76,7 @@ def _tour(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from dspark import DSparkDecoder, DSparkDrafter
 
-    target, tok = load_target(args.target)
+    target, tok = loading.load_target(args.target)  # looked up per call (tests replace it)
     if args.drafter == "random":
         drafter = DSparkDrafter.from_config(
             target, block_size=args.block_size or 7, num_layers=1, markov_rank=64

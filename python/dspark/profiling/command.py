@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from dspark.decoding.tables import CostTable
+from dspark.models import loading
 from dspark.models.draft_vocab import add_draft_vocab_argument, draft_vocab_option
-from dspark.models.loading import SMOLLM2_GGUF, load_target
+from dspark.models.loading import SMOLLM2_GGUF
 
 COSTS_JSON = "costs.json"
 SPS_JSON = "sps.json"
@@ -65,7 +66,7 @@ def _parse_sizes(text: str) -> list[int]:
 
 def load_model(spec: str) -> tuple[torch.nn.Module, str]:
     """``smollm2``, a ``.gguf`` file or a Hugging Face model folder -> (model in eval mode, display name)."""
-    model, _ = load_target(spec, with_tokenizer=False)
+    model, _ = loading.load_target(spec, with_tokenizer=False)  # looked up per call (tests replace it)
     if spec == "smollm2":
         return model, SMOLLM2_GGUF.removesuffix(".gguf")
     path = Path(spec)
