@@ -174,12 +174,14 @@ def markov_sample(engine: Engine, sampling: SamplingConfig, offset: int, r: Roun
     """Draw the drafts; ``q`` is what they were drawn from. NaN/inf drafter logits are flagged (read with the
     round's results) and zeroed so that the ops run; the round then fails naming the draft stage."""
     p = r.proposal
-    base_ok = all_finite(p.base_logits)
-    p.base_logits = sanitized(p.base_logits, base_ok)
+    on_cpu = p.base_logits.device.type == "cpu"
+    if on_cpu:  # the CPU op checks its input's values; on CUDA a NaN in U reaches q, which is checked
+        base_ok = all_finite(p.base_logits)
+        p.base_logits = sanitized(p.base_logits, base_ok)
     r.sample = engine.drafter.sample(p, sampling.temperature, sampling.seed, offset)
     q = r.sample.logits.float()
     q_ok = all_finite(q)
-    r.draft_ok = base_ok & q_ok
+    r.draft_ok = base_ok & q_ok if on_cpu else q_ok
     r.draft_logits = sanitized(q, q_ok).contiguous()
 
 
@@ -314,8 +316,11 @@ def prefill(engine: Engine, call: CallState, requests: list[Request]) -> None:
                 [q.rid for q in requests], list(feats.split(sizes)), [0] * len(sizes)
             )
         new = [i for i, req in enumerate(requests) if not req.generated]
-        if new:
-            draw_first_tokens(engine, call, [requests[i] for i in new], out.logits[new])
+        if new:  # one logit row per request; slices, not a list index (a host index would sync on CUDA)
+            logits = (
+                out.logits if len(new) == len(requests) else torch.cat([out.request_logits(i) for i in new])
+            )
+            draw_first_tokens(engine, call, [requests[i] for i in new], logits)
     except BaseException:
         for req in requests:
             release(engine, req)
