@@ -4,20 +4,26 @@
 #      build has them (a build without them would only skip the CUDA tests);
 #   2. pytest -m cuda (every op's CUDA result against its CPU result with the same inputs and seeds, opcheck,
 #      CUDA-graph replay, the decoder's greedy output and host-sync count on CUDA);
-#   3. the per-op microbenchmarks with --device cuda, while the time budget lasts;
-#   4. compute-sanitizer memcheck over the CUDA op tests, if time is left.
-# writing env.txt, build.log, pytest_cuda.log, bench.md, bench.json, memcheck.log and summary.txt under $OUT
-# (each is written as the step runs, so a run stopped at its limit still returns what it did).
+#   3. the end-to-end round benchmark (bench_e2e_gpu.py: random SmolLM2-135M- and Qwen3-8B-shaped targets,
+#      per-stage CUDA-event times, HF generate baselines, greedy canary), the full run when enough of the budget
+#      is left, else its --quick run;
+#   4. the per-op microbenchmarks with --device cuda, while the time budget lasts;
+#   5. compute-sanitizer memcheck over the CUDA op tests, if time is left.
+# writing env.txt, build.log, pytest_cuda.log, e2e_gpu.md, e2e_gpu.json, e2e_gpu_costs*.json, bench.md,
+# bench.json, memcheck.log and summary.txt under $OUT (each is written as the step runs, so a run stopped at its
+# limit still returns what it did).
 #
 # The nvidia-cutlass wheel (headers for the CUDA build) is not on such machines; put it in .whl/ first:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0
 # and carry .whl with the command.
 #
-# Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_BENCHES (the ops
-# to benchmark, default all six), DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default
-# "not graph"), DSPARK_CUDA_ARCHS (default 90a), DSPARK_ENABLE_CUDA (default ON; OFF with BENCH_DEVICE=cpu
-# rehearses the script on a machine without a GPU).
+# Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_E2E (auto: the full
+# bench_e2e_gpu run when at least DEVICE_CHECK_E2E_FULL_S seconds (default 330) would be left for it, else
+# --quick; full, quick, or off), DEVICE_CHECK_BENCHES (the ops to benchmark, default all six),
+# DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default "not graph"), DSPARK_CUDA_ARCHS
+# (default 90a), DSPARK_ENABLE_CUDA (default ON; OFF with BENCH_DEVICE=cpu rehearses the script on a machine
+# without a GPU; bench_e2e_gpu then runs --quick on the CPU).
 set -uo pipefail
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
@@ -70,6 +76,30 @@ timeout "$t" "$PY" -m pytest tests -m cuda -q -p no:cacheprovider -rfE --tb=shor
 rc_test=$?
 tail -15 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
 
+# the end-to-end round: full (estimated 2-4 min on an H200, capped at 400 s so the op benchmarks keep some
+# time) when enough is left, else the quick run (a scaled-down model, seconds); a CPU rehearsal runs quick
+E2E="${DEVICE_CHECK_E2E:-auto}"
+t=$(($(left) - 20))
+e2e=()
+if [ "$E2E" = off ]; then
+  say "bench_e2e_gpu skipped (DEVICE_CHECK_E2E=off)"
+elif [ "$t" -lt 45 ]; then
+  say "no time left for bench_e2e_gpu"
+else
+  if [ "$E2E" = quick ] || [ "$BENCH_DEVICE" != cuda ] ||
+    { [ "$E2E" = auto ] && [ "$t" -lt "${DEVICE_CHECK_E2E_FULL_S:-330}" ]; }; then
+    e2e=(--quick)
+  fi
+  [ "$t" -gt 400 ] && t=400
+  say "bench_e2e_gpu ${e2e[*]:-full} (${t}s of $(left)s left)"
+  timeout "$t" "$PY" benchmarks/bench_e2e_gpu.py --device "$BENCH_DEVICE" "${e2e[@]}" \
+    --json "$OUT/e2e_gpu.json" --sps "$OUT/e2e_gpu_costs.json" >"$OUT/e2e_gpu.md" 2>&1
+  rc_e2e=$?
+  [ "$rc_e2e" -ne 0 ] &&
+    say "bench_e2e_gpu FAILED or timed out (exit $rc_e2e: 1 a failed greedy canary or an error, 124 out of time)"
+  grep -E "^(## |total wall time|!!!|greedy canary)" "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
+fi
+
 say "microbenchmarks ($(left)s left)"
 mkdir -p /tmp/dspark-bench
 : >"$OUT/bench.md"
@@ -97,5 +127,5 @@ if command -v compute-sanitizer >/dev/null && [ "$t" -gt 40 ]; then
   say "memcheck exit $? (124: out of time)"
   tail -5 "$OUT/memcheck.log" >>"$OUT/summary.txt"
 fi
-say "done (pytest exit $rc_test)"
+say "done (pytest exit $rc_test, bench_e2e_gpu exit ${rc_e2e:-not run})"
 exit $rc_test
