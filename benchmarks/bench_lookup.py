@@ -4,7 +4,7 @@ indexing a prompt, at 512, 1k and 4k tokens of history, against a brute-force lo
 
 python benchmarks/bench_lookup.py [--quick] [--json out.json]
 
-The budget (project issue 27) is under 0.2 ms per request per round at 4k tokens of history. The history is
+The budget is under 0.2 ms per request per round at 4k tokens of history. The history is
 random tokens from a 1k vocabulary with spans copied from earlier in it, so that lookups hit and miss.
 Correctness is checked against the brute force on a small case and on the timed streams before timing.
 """
