@@ -242,24 +242,6 @@ def print_model(section: dict, args: argparse.Namespace, clock: Clock) -> None:
     sys.stdout.flush()
 
 
-def cpu_description() -> dict:
-    """CPU model and its vector / matrix flags from /proc/cpuinfo."""
-    info: dict = {"model": "unknown", "flags": []}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and info["model"] == "unknown":
-            info["model"] = value.strip()
-        elif key.strip() == "flags":
-            keep = ("avx", "amx", "fma", "f16c", "sse4")
-            info["flags"] = sorted(f for f in value.split() if f.startswith(keep))
-            break
-    return info
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -300,7 +282,6 @@ def main(argv: list[str] | None = None) -> int:
         if not b.canary["ok"] and b.canary["strict"]
     ]
     env = env_info(args.device)
-    env["cpu"] = cpu_description()
     env["timer"] = clock.kind
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda

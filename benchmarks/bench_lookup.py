@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import Row, Timing, parse_args, report  # noqa: E402
+from benchmarks.common import Row, Timing, cpu_description, parse_args, report  # noqa: E402
 from dspark.decoding.lookup import LookupConfig, LookupIndex  # noqa: E402
 
 GAMMA = 7
@@ -41,25 +41,6 @@ def brute_force(history: list[int], cfg: LookupConfig, k: int) -> tuple[list[int
             if history[e - n : e] == suffix:
                 return history[e : min(e + k, L)], n
     return [], 0
-
-
-def cpu_info() -> dict:
-    """CPU model and its vector flags from /proc/cpuinfo (empty where there is none)."""
-    info = {"model": "unknown", "avx2": False, "avx512": []}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and info["model"] == "unknown":
-            info["model"] = value.strip()
-        elif key.strip() == "flags":
-            flags = value.split()
-            info["avx2"] = "avx2" in flags
-            info["avx512"] = sorted(f for f in flags if f.startswith("avx512"))
-            break
-    return info
 
 
 def stream(n: int, seed: int, vocab: int = VOCAB) -> list[int]:
@@ -148,9 +129,9 @@ def rounds_stats(cfg: LookupConfig, tokens: list[int], history: int, rounds: int
 
 def main() -> None:
     args = parse_args(__doc__)
-    cpu = cpu_info()
-    avx512 = ", ".join(cpu["avx512"]) if cpu["avx512"] else "none"
-    print(f"CPU: {cpu['model']}; AVX2: {'yes' if cpu['avx2'] else 'no'}; AVX-512: {avx512}")
+    cpu = cpu_description()
+    avx512 = ", ".join(f for f in cpu["flags"] if f.startswith("avx512")) or "none"
+    print(f"CPU: {cpu['model']}; AVX2: {'yes' if 'avx2' in cpu['flags'] else 'no'}; AVX-512: {avx512}")
     check_small()
 
     rounds, repeats, ref_rounds = (64, 15, 4) if args.quick else (64, 200, 30)
@@ -188,7 +169,6 @@ def main() -> None:
     print(f"budget: {worst:.1f} us per request per round at 4k tokens, {verdict} the 200 us budget")
     if args.json:
         payload = json.loads(args.json.read_text())
-        payload["env"]["cpu"] = cpu
         payload["build_4096_us"] = {"median": t_build.median_us, "iqr": t_build.iqr_us, "runs": t_build.runs}
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
 

@@ -82,8 +82,27 @@ def time_fn(fn: Callable[[], object], device: str, min_run_time: float) -> Timin
     return Timing(m.median * 1e6, m.iqr * 1e6, len(m.times))
 
 
+def cpu_description() -> dict:
+    """CPU model and its vector / matrix flags (avx*, amx*, fma, f16c, sse4*) from /proc/cpuinfo."""
+    info: dict = {"model": "unknown", "flags": []}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and info["model"] == "unknown":
+            info["model"] = value.strip()
+        elif key.strip() == "flags":
+            keep = ("avx", "amx", "fma", "f16c", "sse4")
+            info["flags"] = sorted(f for f in value.split() if f.startswith(keep))
+            break
+    return info
+
+
 def env_info(device: str) -> dict:
     info = {
+        "cpu": cpu_description(),
         "dspark": dspark.build_info(),
         "torch": torch.__version__,
         "python": platform.python_version(),
