@@ -108,20 +108,22 @@ class DSparkStats:
         self.budget_total += int(budget) if budget is not None else sum(int(v) - 1 for v in verify_len)
 
     def add_time(self, stage: str, seconds: float) -> None:
-        if stage not in self.seconds:
-            raise ValueError(f"DSparkStats.add_time: unknown stage {stage!r}; stages are {STAGES}")
+        self._check_stage(stage)
         self.seconds[stage] += float(seconds)
 
     @contextmanager
     def stage(self, stage: str) -> Iterator[None]:
         """Add the host time of the ``with`` body to ``stage`` (one of :data:`STAGES`)."""
-        if stage not in self.seconds:
-            raise ValueError(f"DSparkStats.stage: unknown stage {stage!r}; stages are {STAGES}")
+        self._check_stage(stage)  # before the body runs
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self.seconds[stage] += time.perf_counter() - t0
+
+    def _check_stage(self, stage: str) -> None:
+        if stage not in self.seconds:
+            raise ValueError(f"DSparkStats: unknown stage {stage!r}; stages are {STAGES}")
 
     def merge(self, other: DSparkStats) -> DSparkStats:
         """Add ``other``'s counters into this one (same gamma); returns self."""

@@ -8,7 +8,6 @@ and the three steps the decoder runs one by one — :meth:`~DraftSteps.propose` 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 
 import torch
@@ -43,7 +42,6 @@ class DraftOutput:
     conf_logit: Tensor | None = None
     conf: Tensor | None = None
     survival: Tensor | None = None
-    markov_seconds: float = 0.0  # host time of the Markov sampling step (launch time only on CUDA)
 
 
 @dataclasses.dataclass
@@ -241,7 +239,6 @@ class DraftSteps:
             vectors have ``g`` entries.
         """
         p = self.propose(request_ids, anchors, start_positions=start_positions, num_positions=num_positions)
-        t_markov = time.perf_counter()
         s = self.sample(p, temperature, seed, offset)
         base = None
         if return_base_logits:
@@ -252,7 +249,6 @@ class DraftSteps:
                 else expand_to_vocab(p.base_logits, vocab.token_ids, self.config.vocab_size)
             )
         out = DraftOutput(s.tokens, s.logits, s.prev_emb, p.hidden, base)
-        out.markov_seconds = time.perf_counter() - t_markov
         scored = self.score(p.hidden, s.prev_emb, sts_temperature, sts_bias)
         if scored is not None:
             out.conf_logit, out.conf, out.survival = scored
