@@ -8,6 +8,7 @@ import torch
 
 from dspark import cli
 from dspark.calibration import CalibrationData
+from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.inputs import load_sts
 from dspark.models import loading
 from tests.decoding.toy_models import random_drafter, tiny_target
@@ -40,7 +41,8 @@ def setup(tmp_path, monkeypatch):
     tok = ByteTokenizer(96)
     monkeypatch.setattr(loading, "load_target", lambda spec: (target, tok))
     prompts = tmp_path / "prompts.jsonl"
-    rows = [{"turns": [f"question number {i}: what is {i} + {i}?", "a later turn"]} for i in range(7)]
+    # the repeated sums give the lookup prior matches (the tokenizer keeps 24 characters)
+    rows = [{"turns": [f"{i}+{i}=" * 6 + f"? question number {i}", "a later turn"]} for i in range(7)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return drafter_dir, prompts
 
@@ -75,10 +77,24 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     assert data.num_samples == sts["num_samples"]
     assert set(data.request_ids.tolist()) == set(range(5))  # --skip 1 --limit 5 -> five prompts
 
-    # refit from the saved rows: the same temperatures come back
+    # the lookup prior, counted on the prompts and outputs of the run: loadable, gamma 3, match lengths 0..4
+    assert str(out / "lookup_prior.json") in printed
+    prior = json.loads((out / "lookup_prior.json").read_text())
+    assert (prior["format"], prior["kind"], prior["gamma"]) == ("dspark-acceptance", "lookup", 3)
+    assert (prior["min_match"], prior["max_match"], prior["temperature"]) == (2, 4, 1.0)
+    assert str(prompts) in prior["source"] and len(prior["trials"]) == 5
+    # one proposal at least per prompt (its suffix "i+i=" occurred before), at most one per generated token
+    assert 5 <= sum(row[0] for row in prior["trials"]) <= 5 * 8 and prior["trials"][0] == [0, 0, 0]
+    assert prior["trials"][4][0] >= 5
+    table = AcceptanceTable.load(out / "lookup_prior.json")
+    assert table.to_dict() == prior and (table.num_classes, table.gamma) == (5, 3)
+
+    # refit from the saved rows: the same temperatures come back; saved rows carry no sequences
     out2 = tmp_path / "refit"
     assert cli.main(["calibrate", "--data", str(out / "calibration_data.pt"), "--out", str(out2)]) == 0
     assert json.loads((out2 / "sts.json").read_text())["temperatures"] == sts["temperatures"]
+    assert "lookup_prior.json is not written" in capsys.readouterr().err
+    assert not (out2 / "lookup_prior.json").exists()
     # SGLang's temperature-only STS, without held-out metrics: no offsets in the file, none loaded
     out3 = tmp_path / "temperature"
     argv3 = ["calibrate", "--data", str(out / "calibration_data.pt"), "--out", str(out3)]

@@ -6,6 +6,7 @@ See docs/calibration.md. Typical use::
     data = collect_calibration_data(decoder, prompts, temperature=1.0)
     report = calibrate(data)
     write_calibration_outputs("out/", data, report)   # sts.json, calibration_metrics.json, reliability.png
+    lookup_prior_from_sequences(sequences, starts, LookupConfig(), gamma).save("out/lookup_prior.json")
 """
 
 from dspark.calibration.data import (
@@ -14,6 +15,7 @@ from dspark.calibration.data import (
     collect_calibration_data,
     greedy_match_labels,
 )
+from dspark.calibration.lookup_prior import lookup_prior_from_sequences
 from dspark.calibration.metrics import auroc, brier, ece, reliability_bins
 from dspark.calibration.report import (
     CalibrationReport,
@@ -48,6 +50,7 @@ __all__ = [
     "ece",
     "fit_sts",
     "greedy_match_labels",
+    "lookup_prior_from_sequences",
     "reliability_bins",
     "reliability_diagram",
     "write_calibration_outputs",

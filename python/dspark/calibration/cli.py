@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``dspark calibrate``: collect uncensored labels on a prompt file, fit STS, write sts.json + metrics + plot."""
+"""``dspark calibrate``: collect uncensored labels on a prompt file, fit STS, write sts.json + metrics + plot
+(and the lookup drafter's acceptance prior, lookup_prior.json, counted on the generated outputs)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``calibrate`` subcommand on the ``dspark`` parser."""
     c = sub.add_parser(
         "calibrate",
-        help="fit the confidence head's STS (writes sts.json, calibration_metrics.json, reliability.png)",
+        help="fit the confidence head's STS (writes sts.json, calibration_metrics.json, reliability.png) and "
+        "count the lookup drafter's acceptance on the generated outputs (lookup_prior.json)",
+        description="Collect uncensored labels on a prompt file, fit STS and write sts.json, "
+        "calibration_metrics.json and reliability.png to --out. A run that generates also writes "
+        "lookup_prior.json: the lookup drafter's acceptance counts by match length and position, counted on "
+        "the prompts and the outputs it generated (default lookup config, the run's gamma and temperature). "
+        "--data collections carry no sequences, so they write no lookup prior.",
     )
     c.add_argument("--target", help="'smollm2', a .gguf file or a Hugging Face model folder")
     c.add_argument("--drafter", help="the DSpark checkpoint folder to calibrate")
@@ -56,7 +63,8 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
         "--data",
         nargs="+",
         default=None,
-        help="fit from saved calibration_data.pt / .npz files instead of generating (several are pooled)",
+        help="fit from saved calibration_data.pt / .npz files instead of generating (several are pooled; "
+        "they keep no sequences, so no lookup_prior.json)",
     )
     c.set_defaults(fn=run_calibrate)
 
@@ -137,6 +145,34 @@ def _load_pooled(paths: list[str]) -> CalibrationData:
     return parts[0] if len(parts) == 1 else CalibrationData.concatenate(parts)
 
 
+def _write_lookup_prior(out: Path, data: CalibrationData) -> Path | None:
+    """``lookup_prior.json`` from the collection's prompts and outputs (raw counts), or a note and ``None``."""
+    if data.sequences is None or data.prompt_ids is None:
+        print(
+            "note: the --data collections carry no generated sequences; lookup_prior.json is not written "
+            "(run calibrate with --prompts to count the lookup prior)",
+            file=sys.stderr,
+        )
+        return None
+    from dspark.calibration.lookup_prior import lookup_prior_from_sequences
+    from dspark.decoding.lookup import LookupConfig
+
+    config = LookupConfig()
+    seqs = [list(p) + list(s) for p, s in zip(data.prompt_ids, data.sequences, strict=True)]
+    starts = [len(p) for p in data.prompt_ids]
+    table = lookup_prior_from_sequences(seqs, starts, config, data.gamma)
+    m = data.meta
+    table.meta["temperature"] = float(data.temperature)
+    table.meta["source"] = (
+        f"dspark calibrate: {len(seqs)} prompts of {m.get('dataset', '?')} (skip {m.get('skip', 0)}), "
+        f"drafter {m.get('drafter', '?')}, max_new_tokens {m.get('max_new_tokens', '?')}, "
+        f"seed {m.get('seed', '?')}, {sum(len(s) for s in data.sequences)} generated tokens"
+    )
+    path = out / "lookup_prior.json"
+    table.save(path)
+    return path
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     """Run ``dspark calibrate`` with parsed arguments; returns the exit status."""
     from dspark.calibration.report import calibrate, write_calibration_outputs
@@ -155,6 +191,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         data.save(out / "calibration_data.pt")
     report = calibrate(data, mode=args.sts, n_bins=args.bins, folds=args.folds)
     paths = write_calibration_outputs(out, data, report)
+    prior = _write_lookup_prior(out, data)
+    if prior is not None:
+        paths["lookup_prior"] = prior
     print(
         f"{data.num_samples} rows x {data.gamma} positions, label {data.label!r}, "
         f"temperature {data.temperature}; survival metrics before -> after {report.mode} STS "

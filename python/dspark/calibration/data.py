@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from dspark.decoding.decoder import DSparkDecoder, RoundRecord
+from dspark.decoding.inputs import encode_prompts
 from dspark.decoding.planner import Planner
 
 LABELS = ("prob", "greedy")
@@ -90,6 +91,9 @@ class CalibrationData:
         Sampling temperature of the collection run.
     meta : dict
         Free-form provenance (``dataset``, ``num_prompts``, ...), saved with the data.
+    prompt_ids, sequences : list of list of int, optional
+        The prompt token ids and generated token ids of each request (index = request id), kept by
+        :func:`collect_calibration_data` for the lookup prior; not saved to files (``None`` after ``load``).
     """
 
     conf_logit: Tensor
@@ -100,6 +104,8 @@ class CalibrationData:
     label: str = "prob"
     temperature: float = 1.0
     meta: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[list[int]] | None = None
+    sequences: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.label not in LABELS:
@@ -246,11 +252,11 @@ class _Collector:
         self.rows["accepted"].append(rec.accepted.detach().to("cpu", torch.int64))
         self.rows["request_ids"].append(torch.tensor(rec.request_ids, dtype=torch.int64))
 
-    def data(self, label: str, temperature: float, meta: dict[str, Any]) -> CalibrationData:
+    def data(self, label: str, temperature: float, meta: dict[str, Any], **outputs: Any) -> CalibrationData:
         if not self.rows["conf_logit"]:
             raise ValueError("prompts: generation produced no speculative round (raise max_new_tokens)")
         cat = {k: torch.cat(v) for k, v in self.rows.items()}
-        return CalibrationData(**cat, label=label, temperature=temperature, meta=meta)
+        return CalibrationData(**cat, label=label, temperature=temperature, meta=meta, **outputs)
 
 
 def collect_calibration_data(
@@ -294,6 +300,7 @@ def collect_calibration_data(
     Returns
     -------
     CalibrationData
+        With ``prompt_ids`` and ``sequences`` (the generated tokens) of every prompt, in prompt order.
     """
     if label not in LABELS:
         raise ValueError(f"label: must be one of {LABELS}, got {label!r}")
@@ -309,7 +316,10 @@ def collect_calibration_data(
         isinstance(prompts, list) and prompts and isinstance(prompts[0], (int, dict))
     ):
         prompts = [prompts]
-    n = len(prompts)
+    # token ids once, as the decoder would encode them: the prompts are kept with the outputs
+    prompt_ids = encode_prompts(prompts, decoder.tokenizer, decoder.vocab_size)
+    n = len(prompt_ids)
+    generated: list[list[int]] = [[] for _ in range(n)]
     collector = _Collector(decoder.gamma, decoder.round_observer)
     saved_planner, saved_observer = decoder.planner, decoder.round_observer
     decoder.planner, decoder.round_observer = Planner("full"), collector
@@ -320,7 +330,7 @@ def collect_calibration_data(
         bar = tqdm(total=n, desc="calibration prompts", unit="prompt")
     try:
         events = decoder.generate(
-            prompts,
+            prompt_ids,
             max_new_tokens=max_new_tokens,
             temperature=float(temperature),
             top_k=0,
@@ -330,6 +340,7 @@ def collect_calibration_data(
             stream=True,
         )
         for ev in events:
+            generated[ev.index].extend(ev.tokens)
             if ev.finished and bar is not None:
                 bar.update(1)
                 bar.set_postfix(rows=sum(len(x) for x in collector.rows["accepted"]), refresh=False)
@@ -338,4 +349,4 @@ def collect_calibration_data(
         if bar is not None:
             bar.close()
     info = {"num_prompts": n, "max_new_tokens": int(max_new_tokens), "seed": int(seed), **(meta or {})}
-    return collector.data(label, float(temperature), info)
+    return collector.data(label, float(temperature), info, prompt_ids=prompt_ids, sequences=generated)
