@@ -108,6 +108,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run the dspark engine without drafts (γ = 0), to separate engine from speculation (default: on)",
     )
     ap.add_argument(
+        "--lookup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run lookup decoding (no drafter) and hybrid rounds (drafter + lookup) (default: on)",
+    )
+    ap.add_argument(
+        "--lookup-planner",
+        default="early_stop",
+        choices=["full", "threshold", "early_stop", "lagged_topk"],
+        help="planner of the lookup and hybrid rows",
+    )
+    ap.add_argument(
+        "--lookup-prior",
+        default=None,
+        help="lookup acceptance prior JSON (default: the drafter folder's lookup_prior.json; 'none')",
+    )
+    ap.add_argument(
         "--prompts",
         type=Path,
         nargs="+",
@@ -187,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         drafter.set_draft_vocab(resolve_draft_vocab(vocab_option, None, drafter.config.vocab_size))
     draft_vocab = drafter.draft_vocab
     sps, sts = optional_path(args.sps, sps), optional_path(args.sts, sts)
+    folder_prior = Path(sts).parent / "lookup_prior.json" if sts is not None else None
+    if folder_prior is not None and not folder_prior.exists():
+        folder_prior = None
+    lookup_prior = optional_path(args.lookup_prior, folder_prior)
 
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = target.generation_config.eos_token_id
@@ -210,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         sts=sts,
         block_size=args.block_size,
         plain=args.plain,
+        lookup=args.lookup,
+        lookup_planner=args.lookup_planner,
+        lookup_prior=lookup_prior,
         also_whole_vocab=args.also_whole_vocab,
         linear_max_rows=args.linear_max_rows,
         seed=args.seed,
@@ -220,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = (
         f"{args.target} ({args.dtype}, {args.device}, {torch.get_num_threads()} threads), drafter {drafter_name} ({drafter.dtype}), "
         f"draft vocabulary {'whole' if draft_vocab is None else f'{draft_vocab.numel()} ids'}, "
-        f"SPS {sps or 'none'}, STS {sts or 'none'}, few-row linears "
+        f"SPS {sps or 'none'}, STS {sts or 'none'}, lookup prior {lookup_prior or 'none'}, few-row linears "
         f"{'default' if args.linear_max_rows is None else f'up to {args.linear_max_rows} rows'}"
     )
     eos_rule = "EOS ignored" if args.ignore_eos else "EOS stops"

@@ -21,6 +21,8 @@ HF = "HF generate"
 PLAIN = "dspark plain (γ = 0)"
 PROMPT_LOOKUP = "HF prompt lookup"
 PROMPT_LOOKUP_TOKENS = 10
+LOOKUP = "lookup (dspark engine)"  # prompt-lookup drafts through the dspark engine, no drafter
+HYBRID = "hybrid (DSpark + lookup)"
 STAGES = ("draft", "plan", "verify", "accept", "commit")
 WARMUP_TOKENS = 4  # a short generate per method first, so one-time setup is not timed
 
@@ -219,11 +221,13 @@ def run_dspark(
     warmup: bool = True,
     speculative: bool = True,
     linear_max_rows: int | None = None,
+    lookup: bool = False,
+    lookup_prior: Path | None = None,
 ) -> Run:
     """``DSparkDecoder.generate`` on all prompts, ``batch`` requests at a time (finished ones are replaced).
 
     ``drafter=None`` (or ``speculative=False``) runs plain decoding through the same engine (no drafts; the row
-    has no planner).
+    has no planner); with ``lookup`` it runs lookup decoding. ``lookup`` with a drafter: hybrid rounds.
     """
     has_conf = drafter is not None and drafter.confidence_head is not None
     dec = DSparkDecoder(
@@ -236,6 +240,8 @@ def run_dspark(
         max_batch_size=batch,
         tokenizer=tokenizer,
         linear_max_rows=linear_max_rows,
+        lookup=lookup,
+        lookup_prior=lookup_prior if lookup else None,
     )
     try:
         # explicit sampling settings: the target's generation config must not add top-k / top-p / penalties
@@ -255,10 +261,10 @@ def run_dspark(
         if warmup:
             once(prompts[:batch], WARMUP_TOKENS)
         out, times = _timed(lambda: once(prompts, max_new_tokens), target.device, repeats)
-        effective = dec.planner.effective_mode if has_conf else "full"
+        effective = dec.planner.effective_mode if has_conf or lookup else "full"
     finally:
         dec.close()
-    if not speculative:  # plain decoding: no planner ran
+    if not speculative or (drafter is None and not lookup):  # plain decoding: no planner ran
         planner = effective = None
     return Run(method, batch, out.sequences, times, planner, effective, out.stats)
 
@@ -281,6 +287,9 @@ class Bench:
     sts: Path | None = None
     block_size: int | None = None
     plain: bool = True
+    lookup: bool = True  # also run lookup decoding and hybrid (drafter + lookup) rounds
+    lookup_planner: str = "early_stop"
+    lookup_prior: Path | None = None
     also_whole_vocab: bool = False
     linear_max_rows: int | None = None
     seed: int = 0
@@ -338,6 +347,10 @@ def _engine_runs(bench: Bench, prompts: list[list[int]], batch: int, temperature
         finally:
             drafter.set_draft_vocab(draft_vocab)
         yield run
+    if bench.lookup:
+        lk = {"planner": bench.lookup_planner, "lookup": True, "lookup_prior": bench.lookup_prior}
+        yield engine(None, prompts, method=LOOKUP, sps=bench.sps, **lk)
+        yield planned(method=HYBRID, **lk)
     if bench.dflash is not None:
         yield engine(bench.dflash, prompts, method="DFlash full", planner="full", block_size=bench.block_size)
 

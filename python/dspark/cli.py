@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -75,9 +76,21 @@ def _tour(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from dspark import DSparkDecoder, DSparkDrafter
+    from dspark.decoding.lookup import LookupConfig
 
+    if args.drafter is None and not args.lookup:
+        print("dspark generate: --drafter is required (or --lookup for lookup decoding)", file=sys.stderr)
+        return 2
+    # checked before the target loads (minutes for a large model)
+    lookup = LookupConfig(args.min_match, args.max_match) if args.lookup else False
+    prior = args.lookup_prior
+    if prior is None and args.lookup and args.drafter not in (None, "none", "random"):
+        folder_prior = Path(args.drafter) / "lookup_prior.json"
+        prior = str(folder_prior) if folder_prior.is_file() else None
     target, tok = loading.load_target(args.target)  # looked up per call (tests replace it)
-    if args.drafter == "random":
+    if args.drafter in (None, "none"):
+        drafter = None
+    elif args.drafter == "random":
         drafter = DSparkDrafter.from_config(
             target, block_size=args.block_size or 7, num_layers=1, markov_rank=64
         )
@@ -93,6 +106,8 @@ def _generate(args: argparse.Namespace) -> int:
         sts=args.sts,
         block_size=args.block_size,
         tokenizer=tok,
+        lookup=lookup,
+        lookup_prior=prior,
     )
     try:
         for ev in dec.generate(
@@ -146,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="generate text with DSpark speculative decoding (streams the text)")
     g.add_argument("--target", required=True, help="'smollm2', a .gguf file or a Hugging Face model folder")
     g.add_argument(
-        "--drafter", required=True, help="a DSpark checkpoint folder, or 'random' (overhead tests)"
+        "--drafter",
+        default=None,
+        help="a DSpark checkpoint folder, 'random' (overhead tests) or 'none' (with --lookup: lookup decoding)",
     )
     g.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
     g.add_argument("--max-new-tokens", type=int, default=256)
@@ -164,6 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--block-size", type=int, default=None)
     add_draft_vocab_argument(g)
     g.add_argument("--no-speculation", action="store_true", help="plain decoding through the same engine")
+    g.add_argument(
+        "--lookup",
+        action="store_true",
+        help="also draft by lookup in the prompt and answer (hybrid rounds; without a drafter, lookup decoding)",
+    )
+    g.add_argument("--min-match", type=int, default=2, help="--lookup: shortest suffix that may match")
+    g.add_argument("--max-match", type=int, default=4, help="--lookup: longest suffix, tried first")
+    g.add_argument(
+        "--lookup-prior",
+        default=None,
+        help="--lookup: lookup_prior.json (default: the drafter folder's, when it has one)",
+    )
     g.set_defaults(fn=_generate)
     from dspark.training.cli import add_train_parser
 

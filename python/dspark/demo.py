@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``dspark demo``: SmolLM2-135M-Instruct with the bundled drafter, plain decoding vs DSpark side by side.
+"""``dspark demo``: SmolLM2-135M-Instruct with the bundled drafter: plain decoding, DSpark and hybrid rounds.
 
 For each prompt the target first answers with plain greedy decoding (Hugging Face ``generate`` with its
 KV cache), then DSparkDecoder answers the same prompt with the bundled drafter, its STS temperatures and SPS
-cost curve, then the same engine without drafts. Greedy DSpark must reproduce plain decoding token for token;
-the table shows the speed-up over plain decoding and how much of it speculation adds over the engine alone, τ
-(tokens emitted per round) and the mean number of target rows verified per round.
+cost curve (DSpark alone), then with hybrid rounds (the drafter and lookup drafts from the prompt and answer,
+``lookup=True``), then the same engine without drafts. Greedy DSpark and hybrid must reproduce plain decoding
+token for token; the table shows the speed-ups, τ (tokens emitted per round) of DSpark and hybrid, and the share
+of the hybrid's tokens that came from lookup drafts.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def _plain(target, tok, ids: list[int], max_new_tokens: int) -> tuple[list[int],
         top_p=None,
     )
     return out[0, len(ids) :].tolist(), time.perf_counter() - t0
+
+
+def _timed_generate(dec, ids: list[int], max_new_tokens: int, speculative: bool = True):
+    """(tokens, seconds, stats) of one greedy request."""
+    t0 = time.perf_counter()
+    out = dec.generate([ids], max_new_tokens=max_new_tokens, speculative=speculative)
+    return out.sequences[0], time.perf_counter() - t0, out.stats
 
 
 def fast_drafter_dtype(target_dtype: torch.dtype) -> torch.dtype:
@@ -100,64 +108,72 @@ def run_demo(
     _plain(target, tok, warm, 4)
     ids_all = [chat_token_ids(tok, text) for text in prompts]
     plain_runs = [_plain(target, tok, ids, max_new_tokens) for ids in ids_all]
-    dec = DSparkDecoder(
-        target,
-        drafter,
+    settings = dict(
         planner=planner,
         sps_table=str(bundle.sps) if bundle.sps else None,
         sts=str(bundle.sts_for(0.0)) if bundle.sts_for(0.0) else None,  # the demo decodes greedily
         tokenizer=tok,
     )
+    dec = DSparkDecoder(target, drafter, **settings)
+    prior = bundle.lookup_prior
+    hyb = DSparkDecoder(target, drafter, lookup=True, lookup_prior=str(prior) if prior else None, **settings)
     rows = []
     try:
         dec.generate([warm], max_new_tokens=4)
+        hyb.generate([warm], max_new_tokens=4)
         for i, (text, ids, (plain, s_plain)) in enumerate(zip(prompts, ids_all, plain_runs, strict=True)):
-            t0 = time.perf_counter()
-            out = dec.generate([ids], max_new_tokens=max_new_tokens)
-            s_ds = time.perf_counter() - t0
-            seq = out.sequences[0]
-            st = out.stats
-            t0 = time.perf_counter()  # the same engine without drafts: what speculation itself adds
-            engine = dec.generate([ids], max_new_tokens=max_new_tokens, speculative=False).sequences[0]
-            s_engine = time.perf_counter() - t0
+            seq, s_ds, st = _timed_generate(dec, ids, max_new_tokens)
+            hybrid, s_hyb, st_hyb = _timed_generate(hyb, ids, max_new_tokens)
+            # the same engine without drafts: what speculation itself adds
+            engine, s_engine, _ = _timed_generate(dec, ids, max_new_tokens, speculative=False)
             row = {
                 "prompt": text,
                 "plain_tok_s": len(plain) / s_plain,
                 "engine_tok_s": len(engine) / s_engine,
                 "dspark_tok_s": len(seq) / s_ds,
+                "hybrid_tok_s": len(hybrid) / s_hyb,
                 "tau": st.tau,
+                "hybrid_tau": st_hyb.tau,
+                "lookup_share": st_hyb.sources.get("lookup", {}).get("token_share", 0.0),
                 "mean_verify_len": st.mean_verify_len,
                 "identical": seq == plain,
+                "hybrid_identical": hybrid == plain,
                 "engine_identical": engine == plain,
                 "tokens": len(seq),
             }
             row["speedup"] = row["dspark_tok_s"] / row["plain_tok_s"]
             row["speedup_vs_engine"] = row["dspark_tok_s"] / row["engine_tok_s"]
+            row["hybrid_speedup"] = row["hybrid_tok_s"] / row["plain_tok_s"]
             rows.append(row)
             if show_answers:
-                print(f"\n── prompt {i + 1}: {text}\n{out.texts[0].strip()}")
+                print(f"\n── prompt {i + 1}: {text}\n{tok.decode(hybrid, skip_special_tokens=True).strip()}")
     finally:
+        hyb.close()
         dec.close()
     print(
-        "\n(plain: Hugging Face generate; engine: dspark's engine without drafts; DSpark: the engine with the drafter)"
+        "\n(plain: Hugging Face generate; engine: dspark's engine without drafts; DSpark: the engine with the "
+        "drafter; hybrid: the drafter and lookup drafts from the prompt and answer, the better block per round)"
     )
     print(
-        "| # | tokens | plain tok/s | engine tok/s | DSpark tok/s | speed-up | of it, speculation | τ "
-        "| verified rows/round | same tokens as plain |"
+        "| # | tokens | plain tok/s | engine tok/s | DSpark tok/s | hybrid tok/s | speed-up (hybrid) "
+        "| DSpark over engine | τ DSpark | τ hybrid | lookup share | same tokens as plain |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
+        same = "yes" if r["identical"] and r["hybrid_identical"] else "NO"
         print(
             f"| {i + 1} | {r['tokens']} | {r['plain_tok_s']:.1f} | {r['engine_tok_s']:.1f} | {r['dspark_tok_s']:.1f} "
-            f"| {r['speedup']:.2f}x | {r['speedup_vs_engine']:.2f}x | {r['tau']:.2f} | {r['mean_verify_len']:.2f} "
-            f"| {'yes' if r['identical'] else 'NO'} |"
+            f"| {r['hybrid_tok_s']:.1f} | {r['hybrid_speedup']:.2f}x | {r['speedup_vs_engine']:.2f}x "
+            f"| {r['tau']:.2f} | {r['hybrid_tau']:.2f} | {100 * r['lookup_share']:.0f}% | {same} |"
         )
     tp = sum(r["tokens"] for r in rows)
     sp = sum(r["tokens"] / r["plain_tok_s"] for r in rows)
     se = sum(r["tokens"] / r["engine_tok_s"] for r in rows)
     sd = sum(r["tokens"] / r["dspark_tok_s"] for r in rows)
+    sh = sum(r["tokens"] / r["hybrid_tok_s"] for r in rows)
     print(
-        f"\nall prompts (greedy, batch 1): plain {tp / sp:.1f} tok/s, DSpark {tp / sd:.1f} tok/s, speed-up "
-        f"{sp / sd:.2f}x = engine without drafts {sp / se:.2f}x × speculation {se / sd:.2f}x"
+        f"\nall prompts (greedy, batch 1): plain {tp / sp:.1f} tok/s, engine {tp / se:.1f}, DSpark {tp / sd:.1f}, "
+        f"hybrid {tp / sh:.1f} tok/s: hybrid speed-up {sp / sh:.2f}x over plain, {se / sh:.2f}x over the engine "
+        f"without drafts, {sd / sh:.2f}x over DSpark alone"
     )
     return rows

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.inputs import (
     SamplingConfig,
     as_float,
@@ -25,6 +26,7 @@ from dspark.decoding.inputs import (
     load_sts,
     resolve_sampling,
 )
+from dspark.decoding.lookup import LookupConfig
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.request import GenerateOutput, Request, StreamEvent
 from dspark.decoding.round import CallState, RoundRecord, decode_round, prefill, release
@@ -38,6 +40,10 @@ from dspark.models.target import TargetAdapter
 
 __all__ = ["DSparkDecoder", "GenerateOutput", "RoundRecord", "StreamEvent", "chat_token_ids"]
 
+# drafts per round of lookup decoding without a drafter (block_size overrides it)
+LOOKUP_GAMMA = 8
+LOOKUP_MAX_GAMMA = 64
+
 
 class DSparkDecoder:
     """Speculative generation with a DSpark drafter that keeps the target's output distribution exactly.
@@ -49,7 +55,7 @@ class DSparkDecoder:
         has been checked; :meth:`close` restores it).
     drafter : DSparkDrafter or None
         A drafter paired with ``target`` (checked before anything runs). None: plain decoding through the same
-        engine (continuous batching, paged KV, streaming).
+        engine (continuous batching, paged KV, streaming), or lookup decoding with ``lookup``.
     planner : str or Planner
         ``"full"``, ``"threshold"``, ``"early_stop"`` (default) or ``"lagged_topk"``, or a ready Planner.
     sps_table : SpsTable, dict, path or None
@@ -58,7 +64,8 @@ class DSparkDecoder:
         Per-position STS of the confidence head: SGLang's STS JSON (path or loaded dict; an optional
         ``"biases"`` list adds affine offsets, ``conf = sigmoid(logit / T + b)``) or a list of temperatures.
     block_size : int or None
-        Drafts per round γ (default: the drafter's block size; at most that; 0 without a drafter).
+        Drafts per round γ (default: the drafter's block size; at most that; without a drafter 0, or 8 with
+        ``lookup``, at most 64).
     page_size : int
         KV page size of the target's paged cache.
     max_batch_size : int
@@ -80,6 +87,15 @@ class DSparkDecoder:
         With a cost-driven plan (a confidence head and a planner mode other than ``full``), draft only as many
         slots as the previous round's plan used plus one (all γ in a call's first round). Changes cost, not the
         output distribution. Default on.
+    lookup : bool or LookupConfig
+        Lookup drafts: each request also proposes the tokens that followed the longest recent match of its own
+        history (prompt + output; docs/lookup.md). With a drafter, each request verifies whichever block predicts
+        more tokens per unit of verify cost (the choice never looks at a drafted token: exact); without one,
+        this is prompt-lookup decoding. ``True``: ``LookupConfig()``. Default off.
+    lookup_prior : path, dict or None
+        Prior of the lookup acceptance by (match length, position): ``lookup_prior.json`` as ``dspark calibrate``
+        writes it (next to ``sts.json``); None: a weak default. The decoder refines it online from every
+        committed token.
     """
 
     def __init__(
@@ -99,18 +115,26 @@ class DSparkDecoder:
         round_observer: Callable[[RoundRecord], None] | None = None,
         linear_max_rows: int | None = None,
         adaptive_slots: bool = True,
+        lookup: bool | LookupConfig = False,
+        lookup_prior: str | Path | dict | None = None,
     ) -> None:
         # every argument is checked before the target is touched (TargetAdapter switches its attention last)
         if drafter is not None:
             if not isinstance(drafter, DSparkDrafter):
                 raise TypeError(f"drafter: expected a DSparkDrafter or None, got {type(drafter).__name__}")
             validate_pairing(drafter.config, target, tokenizer=tokenizer)
+        lookup_config = _lookup_config(lookup)
         most = drafter.config.block_size if drafter is not None else 0
-        gamma = most if block_size is None else as_int("block_size", block_size, lo=0)
+        default = most
+        if drafter is None and lookup_config is not None:
+            most, default = LOOKUP_MAX_GAMMA, lookup_config.max_tokens or LOOKUP_GAMMA
+        gamma = default if block_size is None else as_int("block_size", block_size, lo=0)
         if gamma > most:
             raise ValueError(
-                f"block_size: must be in [0, {most}] (the drafter's block size; 0 without a drafter), got {gamma}"
+                f"block_size: must be in [0, {most}] (the drafter's block size; 0 without a drafter, "
+                f"{LOOKUP_MAX_GAMMA} for lookup alone), got {gamma}"
             )
+        lookup_table = _lookup_table(lookup_config, lookup_prior, max(gamma, 1))
         self.max_batch_size = as_int("max_batch_size", max_batch_size, lo=1)
         page_size = as_int("page_size", page_size, lo=1)
         if max_kv_pages is not None:
@@ -135,6 +159,10 @@ class DSparkDecoder:
         self.round_observer = round_observer
         self.max_positions = getattr(target_text_config(target), "max_position_embeddings", None)
         self.stats = DSparkStats(gamma=gamma)
+        self.lookup = lookup_config
+        self.lookup_acceptance = lookup_table
+        # the drafter's acceptance of slot j given the slots before it (scores its block against the lookup's)
+        self.draft_acceptance = AcceptanceTable(1, max(gamma, 1))
         self.host = HostReader()  # every device -> host read of a round goes through it (counted)
         self._open_call = False  # a generate call (or stream) is running
         self.adapter = TargetAdapter(
@@ -243,7 +271,8 @@ class DSparkDecoder:
         )
         reqs = self._make_requests(encode_prompts(prompts, self.tokenizer, self.vocab_size), sampling)
         drafting = bool(speculative) and self.drafter is not None and self.gamma > 0
-        call = CallState(sampling, drafting, DSparkStats(gamma=self.gamma), slots=self.gamma)
+        lookup = bool(speculative) and self.lookup is not None and self.gamma > 0
+        call = CallState(sampling, drafting, DSparkStats(gamma=self.gamma), slots=self.gamma, lookup=lookup)
         events = self._run(reqs, call)
         if stream:
             return events
@@ -387,3 +416,27 @@ class DSparkDecoder:
             f"({self._peak_tokens(r)} tokens) but the pool holds at most {pool.max_pages} (max_kv_pages)"
         )
         failed.append(r)
+
+
+def _lookup_config(lookup: Any) -> LookupConfig | None:
+    if isinstance(lookup, LookupConfig):
+        return lookup
+    if lookup is True:
+        return LookupConfig()
+    if lookup is False or lookup is None:
+        return None
+    raise TypeError(f"lookup: expected a bool or a LookupConfig, got {type(lookup).__name__}")
+
+
+def _lookup_table(config: LookupConfig | None, prior: Any, gamma: int) -> AcceptanceTable | None:
+    """The lookup acceptance table (classes = match lengths 0 .. max_match), from ``prior`` when given."""
+    if config is None:
+        if prior is not None:
+            raise ValueError("lookup_prior: given without lookup (pass lookup=True or a LookupConfig)")
+        return None
+    classes = config.max_match + 1
+    if isinstance(prior, (str, Path)):
+        return AcceptanceTable.load(prior, num_classes=classes, gamma=gamma)
+    if prior is not None and not isinstance(prior, dict):
+        raise TypeError(f"lookup_prior: expected a path, a dict or None, got {type(prior).__name__}")
+    return AcceptanceTable(classes, gamma, prior=prior)

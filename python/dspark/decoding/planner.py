@@ -94,6 +94,7 @@ class Planner:
         # the 1-D curve (for a cost table: its every-batch curve; rounds use the curve of their own R)
         self.sps_table: SpsTable | None = sps_table
         self._tensors: dict[tuple[torch.device, int], tuple[Tensor, Tensor]] = {}
+        self._rates: dict[tuple[str, int, int], Tensor] = {}
         # ring of earlier rounds: (request ids, survival [R, gamma] detached)
         self._history: deque[tuple[tuple[int, ...], Tensor]] = deque(maxlen=self.lag)
         self._warned_flat = False
@@ -135,6 +136,23 @@ class Planner:
                 fill = rows[:, -1:].expand(-1, survival.shape[1] - w)
                 lagged[to_device(dst, survival.device, torch.int64)] = torch.cat([rows, fill], 1)
         return lagged
+
+    def relative_rates(self, num_requests: int, width: int) -> Tensor:
+        """``(width + 1,)`` float32 (host): target steps per second when one request of ``num_requests`` verifies
+        ``l = 0 .. width`` drafts, relative to ``l = 0``; all 1 without a cost curve (cost-free modes).
+
+        What choosing between two blocks of one request weighs their expected tokens by (docs/lookup.md).
+        """
+        key = ("rates", num_requests, width)
+        if key not in self._rates:
+            if self.effective_mode in ("early_stop", "lagged_topk"):
+                table = self.cost_table.to_sps(max(1, num_requests)) if self.cost_table else self.sps_table
+                base = max(1, num_requests)
+                rel = [table.steps_per_sec(base + n) / table.steps_per_sec(base) for n in range(width + 1)]
+            else:
+                rel = [1.0] * (width + 1)
+            self._rates[key] = torch.tensor(rel, dtype=torch.float32)
+        return self._rates[key]
 
     def plan(self, survival: Tensor, request_ids: Sequence[int] | None = None) -> PlanResult:
         """Plan one round from this round's survival ``(R, gamma)`` float32.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dspark.decoding.lookup import LookupIndex
 from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
 
@@ -54,6 +55,7 @@ class Request:
     started: bool = False
     error: str | None = None  # why the request was dropped (it never fitted the KV pool)
     events: list[StreamEvent] = field(default_factory=list)
+    lookup: LookupIndex | None = None  # prompt + committed tokens, indexed for lookup drafts (lookup on)
 
     @property
     def generated(self) -> list[int]:
@@ -70,6 +72,8 @@ class Request:
     def commit(self, tokens: list[int]) -> list[int]:
         """Apply the stop rules to this round's tokens, queue their stream event; returns the tokens kept."""
         kept = self.stop.commit(tokens)
+        if self.lookup is not None:
+            self.lookup.extend(kept)
         if not self.stop.finished:
             self.anchor = kept[-1]
         text = self.stream.push(kept, final=self.stop.finished) if self.stream is not None else None

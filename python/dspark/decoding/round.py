@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One decoding round, top to bottom: draft → Markov sample → confidence → plan → verify → accept → commit.
+"""One decoding round, top to bottom: look up → draft → Markov sample → confidence → plan → verify → accept → commit.
 
 :func:`decode_round` is the algorithm (DESIGN §5, docs/decoder.md "One round"); the functions below it are its
 steps, in order. :func:`prefill` puts new (or resumed) requests into the caches and draws their first tokens.
@@ -7,7 +7,8 @@ The scheduler that decides which requests run (admission, preemption, streaming)
 
 Host reads: one per round after rejection sampling (accepted counts and tokens, NaN/inf flags, survival for the
 stats), plus one for the plan when a planner mode other than ``full`` sets the verify lengths (they shape the
-target's packed batch). Draft tokens reach the target without passing through the host.
+target's packed batch) or when lookup and drafter blocks are chosen between on the device. Draft tokens reach
+the target without passing through the host; lookup proposals are made on the host and copied asynchronously.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.inputs import SamplingConfig
+from dspark.decoding.lookup import LookupConfig, LookupIndex
 from dspark.decoding.planner import Planner
 from dspark.decoding.request import Request
 from dspark.decoding.sampling import accept_drafts, sample_next
+from dspark.decoding.sources import DRAFTER_CLASS, LookupBlock, block_scores, drafter_survival, look_up
 from dspark.decoding.stats import DSparkStats
 from dspark.host_sync import HostReader, all_finite, rows_finite, sanitized, to_device
 from dspark.models.drafter import DraftProposal, DSparkDrafter
@@ -43,6 +47,9 @@ class Engine(Protocol):
     adaptive_slots: bool
     host: HostReader
     round_observer: Callable[[RoundRecord], None] | None
+    lookup: LookupConfig | None  # lookup drafts on (the index's match rule), or off
+    lookup_acceptance: AcceptanceTable | None  # lookup acceptance by (match length, position)
+    draft_acceptance: AcceptanceTable | None  # the drafter's conditional acceptance by position
 
 
 @dataclass
@@ -54,10 +61,11 @@ class CallState:
     """
 
     sampling: SamplingConfig
-    drafting: bool  # speculative rounds (a drafter, γ > 0 and speculative=True)
+    drafting: bool  # speculative rounds with the drafter (a drafter, γ > 0 and speculative=True)
     stats: DSparkStats
     slots: int
     offset: int = 0
+    lookup: bool = False  # lookup drafts (the decoder's ``lookup``, γ > 0 and speculative=True)
 
     def take_offset(self) -> int:
         self.offset += 1
@@ -102,6 +110,7 @@ class RoundRecord:
     verify_len: Tensor
     accepted: Tensor
     temperature: float
+    lookup_rows: list[bool] | None = None  # rows whose verified drafts were the lookup's (None: no lookup)
 
 
 @dataclass
@@ -119,6 +128,13 @@ class RoundState:
     survival: Tensor | None = None  # (R, g) float32
     verify_len: Tensor | None = None  # (R,) int32, host
     budget: int = 0
+    lookup: LookupBlock | None = None  # this round's lookup proposals (host)
+    decided: list[bool] | None = None  # requests that take the lookup block whatever the drafter's confidence
+    run_drafter: bool = False
+    draft_tokens: Tensor | None = None  # (R, g) int64 on the device: the drafts verified (either source)
+    one_hot: Tensor | None = None  # (R,) bool on the device: the request verifies its lookup block
+    one_hot_host: list[bool] | None = None
+    verify_cap: Tensor | None = None  # (R,) int32: 1 + the tokens the request's block holds
     target: TargetOutput | None = None
     accepted: Tensor | None = None  # (R,) int32, device
     out_tokens: Tensor | None = None  # (R, g + 1) int64, device
@@ -137,13 +153,17 @@ def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> No
     r = RoundState(requests, torch.tensor([q.anchor for q in requests]), drafted_slots(engine, call))
     if r.slots:
         draft_offset = call.take_offset()
-        with stats.stage("draft"):
-            r.proposal = engine.drafter.propose(r.ids, r.anchors, num_positions=r.slots)
-        with stats.stage("markov_sample"):
-            markov_sample(engine, call.sampling, draft_offset, r)
-        with stats.stage("confidence"):
-            confidence(engine, r)
+        with stats.stage("lookup"):
+            look_up_drafts(engine, call, r)
+        if r.run_drafter:
+            with stats.stage("draft"):
+                r.proposal = engine.drafter.propose(r.ids, r.anchors, num_positions=r.slots)
+            with stats.stage("markov_sample"):
+                markov_sample(engine, call.sampling, draft_offset, r)
+            with stats.stage("confidence"):
+                confidence(engine, r)
         with stats.stage("plan"):
+            choose_sources(engine, r)
             plan(engine, call, r)
     else:  # plain decoding: the anchor row alone
         r.verify_len = torch.ones(len(requests), dtype=torch.int32)
@@ -158,16 +178,33 @@ def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> No
 
 
 def drafted_slots(engine: Engine, call: CallState) -> int:
-    """Slots to draft: 0 without drafting; with a cost-driven plan and ``adaptive_slots``, one past the last
-    plan's longest verify (the first slots' drafts do not depend on how many are drafted)."""
+    """Slots to draft: 0 without drafting; γ for lookup alone; with a drafter, a cost-driven plan and
+    ``adaptive_slots``, one past the last plan's longest verify (the first slots' drafts do not depend on how
+    many are drafted)."""
     if not call.drafting:
-        return 0
+        return engine.gamma if call.lookup else 0
     adaptive = (
         engine.adaptive_slots
         and engine.drafter.confidence_head is not None
         and engine.planner.effective_mode != "full"
     )
     return call.slots if adaptive else engine.gamma
+
+
+def look_up_drafts(engine: Engine, call: CallState, r: RoundState) -> None:
+    """Each request's lookup proposal (history only) and whether the drafter needs to run: not when every
+    request's lookup block beats even a drafter certain of its first slot (docs/lookup.md "Choosing")."""
+    r.run_drafter = call.drafting
+    if not call.lookup:
+        return
+    r.lookup = look_up(r.requests, r.slots, engine.lookup_acceptance)
+    if not call.drafting:
+        return
+    rates = engine.planner.relative_rates(len(r.requests), r.slots)
+    sure = drafter_survival(torch.ones(len(r.requests)), engine.draft_acceptance, r.slots)
+    wins = block_scores(r.lookup.survival, rates) > block_scores(sure, rates)
+    r.decided = [bool(w) and n > 0 for w, n in zip(wins.tolist(), r.lookup.lengths, strict=True)]
+    r.run_drafter = not all(r.decided)
 
 
 def markov_sample(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState) -> None:
@@ -198,18 +235,64 @@ def confidence(engine: Engine, r: RoundState) -> None:
         r.survival = sanitized(survival, ok).contiguous()
 
 
+def choose_sources(engine: Engine, r: RoundState) -> None:
+    """Per request, the block it verifies — the lookup's or the drafter's — and that block's survival.
+
+    The drafter's block is scored from its first slot's survival (the anchor's) and the drafter's conditional
+    acceptance after it, never from its drafted tokens (DESIGN §4.5); a request takes the block with the larger
+    predicted tokens per unit of verify cost. Chosen on the device: no host read here.
+    """
+    if r.lookup is None:  # the drafter's block for every request
+        r.draft_tokens = r.sample.tokens
+        return
+    R, g, lk = len(r.requests), r.slots, r.lookup
+    dev = r.sample.tokens.device if r.run_drafter else engine.adapter.device
+    has_block = [n > 0 for n in lk.lengths]
+    lookup_tokens = to_device(lk.tokens, dev)
+    lookup_survival = to_device(lk.survival, dev)
+    if not r.run_drafter:  # every request takes its lookup block (or none: it verifies the anchor alone)
+        r.one_hot_host = has_block
+        r.one_hot = to_device(has_block, dev, torch.bool)
+        r.draft_tokens, r.survival = lookup_tokens, lookup_survival
+        r.verify_cap = to_device([n + 1 for n in lk.lengths], dev, torch.int32)
+        return
+    first = r.survival[:, 0] if r.survival is not None else None
+    if first is None:  # no confidence head: the drafter's first slot is scored by its history
+        first = engine.draft_acceptance.survival([DRAFTER_CLASS], [1], 1)[0].to(dev).expand(R)
+    drafter_block = drafter_survival(first, engine.draft_acceptance, g)
+    rates = engine.planner.relative_rates(R, g)
+    better = block_scores(lookup_survival, rates) > block_scores(drafter_block, rates)
+    use = (better & to_device(has_block, dev, torch.bool)) | to_device(r.decided, dev, torch.bool)
+    r.one_hot = use
+    lookup_cap = to_device([n + 1 for n in lk.lengths], dev, torch.int32)
+    r.verify_cap = torch.where(use, lookup_cap, torch.full_like(lookup_cap, g + 1))
+    r.draft_tokens = torch.where(use[:, None], lookup_tokens, r.sample.tokens)
+    own = r.survival if r.survival is not None else drafter_block
+    r.survival = torch.where(use[:, None], lookup_survival, own).contiguous()
+
+
 def plan(engine: Engine, call: CallState, r: RoundState) -> None:
-    """Verify lengths (anchor + admitted drafts) from the survival; every draft without a confidence head."""
+    """Verify lengths (anchor + admitted drafts) from the survival, at most each block's length; every draft
+    without a confidence head or lookup."""
     R, g = len(r.requests), r.slots
     r.verify_len, r.budget = torch.full((R,), g + 1, dtype=torch.int32), R * g
     if r.survival is None:  # nothing to plan with (DFlash)
         return
     result = engine.planner.plan(r.survival, r.ids)
-    if result.mode == "full":  # every draft is verified: nothing to read
+    if result.mode == "full" and r.verify_cap is None:  # every draft is verified: nothing to read
         return
-    r.verify_len, budget = engine.host.fetch(result.verify_len, result.budget)
+    verify_len, budget = result.verify_len, result.budget
+    if r.verify_cap is not None:  # a lookup block may hold fewer than g drafts
+        full = result.mode == "full"
+        verify_len = r.verify_cap if full else torch.minimum(verify_len, r.verify_cap)
+        budget = verify_len.sum() - R
+    one_hot = r.one_hot if r.one_hot_host is None else None  # chosen on the device: read with the plan
+    r.verify_len, budget, one_hot_h = engine.host.fetch(verify_len, budget, one_hot)
+    r.verify_len = r.verify_len.to(torch.int32)
     r.budget = int(budget)
-    if engine.adaptive_slots:  # next round: one slot past the most this plan verified, at most γ
+    if one_hot_h is not None:
+        r.one_hot_host = one_hot_h.tolist()
+    if engine.adaptive_slots and call.drafting:  # next round: one past the most this plan verified, at most γ
         call.slots = min(engine.gamma, int(r.verify_len.max()))
 
 
@@ -218,7 +301,7 @@ def verify(engine: Engine, r: RoundState) -> None:
     lens = r.verify_len.tolist()
     rows = r.anchors[:, None]
     if r.slots:
-        rows = torch.cat([to_device(r.anchors, r.sample.tokens.device)[:, None], r.sample.tokens], 1)
+        rows = torch.cat([to_device(r.anchors, r.draft_tokens.device)[:, None], r.draft_tokens], 1)
     batch = [(rid, rows[i, : lens[i]], "all") for i, rid in enumerate(r.ids)]
     r.target = engine.adapter.forward(batch, layers=engine.taps)
 
@@ -232,12 +315,21 @@ def accept(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState)
     logits = r.target.logits.float()
     finite = rows_finite(logits)
     logits = sanitized(logits, finite)
-    R, V, g = len(r.requests), logits.shape[-1], r.slots
-    q = r.draft_logits if g else torch.empty(R, 0, V, dtype=torch.float32, device=logits.device)
-    drafts = r.sample.tokens.clamp(0, V - 1) if g else torch.empty(R, 0, dtype=torch.int64, device=q.device)
+    R, V, g, dev = len(r.requests), logits.shape[-1], r.slots, logits.device
+    q = r.draft_logits if g else torch.empty(R, 0, V, dtype=torch.float32, device=dev)  # None: lookup only
+    drafts = r.draft_tokens.clamp(0, V - 1) if g else torch.empty(R, 0, dtype=torch.int64, device=dev)
     histories = [q_.prompt + q_.generated for q_ in r.requests]
     r.accepted, r.out_tokens = accept_drafts(
-        logits, r.target.qo_indptr, q, drafts, r.verify_len, sampling, offset, r.ids, histories
+        logits,
+        r.target.qo_indptr,
+        q,
+        drafts,
+        r.verify_len,
+        sampling,
+        offset,
+        r.ids,
+        histories,
+        r.one_hot if q is not None else None,  # no drafter logits: every row is a lookup block (or none)
     )
     acc, tokens, finite_h, draft_ok, surv = engine.host.fetch(
         r.accepted, r.out_tokens, finite, r.draft_ok, r.survival
@@ -257,19 +349,20 @@ def accept(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState)
 
 def observe(engine: Engine, sampling: SamplingConfig, r: RoundState) -> None:
     """Hand the round to ``round_observer`` (calibration data) after a speculative round."""
-    if engine.round_observer is None or not r.slots:
+    if engine.round_observer is None or not r.run_drafter:
         return
     engine.round_observer(
         RoundRecord(
             [q.index for q in r.requests],
             r.conf_logit,
-            r.sample.tokens,
+            r.draft_tokens,
             r.draft_logits,
             r.target.logits,
             list(r.target.qo_indptr),
             r.verify_len,
             r.accepted,
             sampling.temperature,
+            r.one_hot_host,
         )
     )
 
@@ -283,7 +376,9 @@ def commit(engine: Engine, call: CallState, r: RoundState) -> None:
         a = r.accepted_host[i]
         committed_len = engine.adapter.length(req.rid) - lens[i] + 1 + a  # anchor + accepted drafts
         engine.adapter.truncate(req.rid, committed_len)
-        emitted.append(len(req.commit(r.tokens_host[i][: a + 1])))
+        kept = req.commit(r.tokens_host[i][: a + 1])  # extends the request's lookup index too
+        emitted.append(len(kept))
+        learn_acceptance(engine, r, i, kept)
         if not req.done:
             cont_ids.append(req.rid)
             cont_rows.append((r.target.qo_indptr[i], a + 1))
@@ -291,7 +386,26 @@ def commit(engine: Engine, call: CallState, r: RoundState) -> None:
         rows = torch.cat([torch.arange(s, s + n) for s, n in cont_rows])
         feats = target_features(engine, r.target, rows)
         engine.drafter.append_context(cont_ids, list(feats.split([n for _, n in cont_rows])))
-    call.stats.record_round(lens, r.accepted_host, emitted, r.survival_host, r.budget)
+    call.stats.record_round(lens, r.accepted_host, emitted, r.survival_host, r.budget, sources(call, r))
+
+
+def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int]) -> None:
+    """Update the acceptance tables from request ``i``'s committed tokens: the lookup's from what its proposal
+    would have matched (whichever block was verified: the committed tokens follow the target's law), the
+    drafter's from its verified block."""
+    if r.lookup is not None and r.lookup.lengths[i]:
+        engine.lookup_acceptance.observe_continuation(r.lookup.match_lengths[i], r.lookup.proposals[i], kept)
+    lookup_row = r.one_hot_host is not None and r.one_hot_host[i]
+    if r.run_drafter and not lookup_row:
+        engine.draft_acceptance.observe(DRAFTER_CLASS, int(r.verify_len[i]) - 1, r.accepted_host[i])
+
+
+def sources(call: CallState, r: RoundState) -> list[str] | None:
+    """Each request's block this round: "lookup", "dspark" or "none" (None for a round without lookup)."""
+    if r.lookup is None:
+        return None
+    own = "dspark" if call.drafting else "none"
+    return ["lookup" if h else own for h in r.one_hot_host]
 
 
 def target_features(engine: Engine, out: TargetOutput, rows: Tensor) -> Tensor:
@@ -305,6 +419,9 @@ def prefill(engine: Engine, call: CallState, requests: list[Request]) -> None:
     token of the new ones from ``p``. A failure leaves no trace of these requests in the caches."""
     try:
         for req in requests:
+            if call.lookup and req.lookup is None:  # the index outlives a preemption, as the history does
+                req.lookup = LookupIndex(engine.lookup)
+                req.lookup.extend(req.prompt + req.generated)
             engine.adapter.add_request(req.rid)
         with call.stats.stage("verify"):
             batch = [(req.rid, req.prompt + req.generated[:-1], "last") for req in requests]

@@ -45,18 +45,21 @@ def processor_args(sampling: SamplingConfig, histories: Sequence[Sequence[int]],
 def accept_drafts(
     logits: Tensor,
     qo_indptr: Sequence[int],
-    draft_logits: Tensor,
+    draft_logits: Tensor | None,
     drafts: Tensor,
     verify_len: Tensor,
     sampling: SamplingConfig,
     offset: int,
     request_ids: Sequence[int],
     histories: Sequence[Sequence[int]],
+    one_hot: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(accepted (R,) int32, out_tokens (R, g + 1) int64)`` on the logits' device; nothing is read.
 
     logits ``(N, V)`` float32 packed verify rows (finite), qo_indptr host ``R + 1``, draft_logits ``(R, g, V)``
-    float32, drafts ``(R, g)`` int64, verify_len host ``(R,)`` int32; ``g`` may be 0 (plain decoding).
+    float32 (None: every row's drafts are deterministic lookup proposals), drafts ``(R, g)`` int64, verify_len
+    host ``(R,)`` int32; ``g`` may be 0 (plain decoding). ``one_hot`` ``(R,)`` bool marks the rows whose drafts
+    are deterministic proposals (q one-hot at the draft: accepted with probability p(x)).
     """
     dev = logits.device
     R = len(request_ids)
@@ -71,6 +74,7 @@ def accept_drafts(
         offset,
         to_device(list(request_ids), dev, torch.int64),
         **processor_args(sampling, histories, dev),
+        draft_one_hot=one_hot,
     )
 
 

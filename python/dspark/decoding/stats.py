@@ -9,7 +9,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-STAGES = ("draft", "markov_sample", "confidence", "plan", "verify", "accept", "commit")
+# "lookup" (the lookup proposals and the source choice) runs first in a round; it is listed last so that the
+# drafter stages keep their places
+STAGES = ("draft", "markov_sample", "confidence", "plan", "verify", "accept", "commit", "lookup")
 
 
 @dataclass
@@ -42,6 +44,9 @@ class DSparkStats:
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wall_seconds: float = 0.0
     preemptions: int = 0  # running requests preempted (KV pool short) and resumed later
+    # per draft source ("dspark", "lookup", "none") of rounds with lookup on: request-rounds, emitted tokens,
+    # verified drafts, accepted drafts kept
+    by_source: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
@@ -66,6 +71,7 @@ class DSparkStats:
         emitted: Sequence[int],
         survival: Sequence[Sequence[float]] | None = None,
         budget: int | None = None,
+        sources: Sequence[str] | None = None,
     ) -> None:
         """Add one round of R requests.
 
@@ -76,6 +82,7 @@ class DSparkStats:
         emitted : per request, tokens committed this round (accepted + 1, fewer when EOS / a stop cut it).
         survival : per request, the planner's predicted survival ``a_k`` for k < gamma (for calibration).
         budget : drafts the planner admitted this round (defaults to sum(verify_len - 1)).
+        sources : per request, where its drafts came from ("dspark", "lookup" or "none"); None: not tracked.
         """
         g = self.gamma
         if not (len(verify_len) == len(accepted) == len(emitted)):
@@ -90,6 +97,12 @@ class DSparkStats:
                 )
             self.request_rounds += 1
             self.emitted_tokens += em
+            if sources is not None:
+                c = self.by_source.setdefault(str(sources[i]), [0, 0, 0, 0])
+                c[0] += 1
+                c[1] += em
+                c[2] += vl - 1
+                c[3] += min(acc, em)
             self.verified_drafts += vl - 1
             self.rejected_drafts += vl - 1 - acc
             self.accepted_hist[acc] += 1
@@ -154,6 +167,9 @@ class DSparkStats:
             )
         for k, v in other.seconds.items():
             self.seconds[k] = self.seconds.get(k, 0.0) + v
+        for k, v in other.by_source.items():
+            mine = self.by_source.setdefault(k, [0, 0, 0, 0])
+            self.by_source[k] = [a + b for a, b in zip(mine, v, strict=True)]
         return self
 
     # ------------------------------------------------------------------ derived
@@ -187,6 +203,26 @@ class DSparkStats:
         }
 
     @property
+    def sources(self) -> dict[str, dict[str, float]]:
+        """Per draft source: request-rounds, ``tau`` (tokens per request-round), ``acceptance`` (accepted / verified
+        drafts) and ``token_share`` (its accepted drafts over all emitted tokens); ``"target"`` is the share the
+        target drew itself (corrections and bonus tokens). Empty without lookup."""
+        if not self.by_source:
+            return {}
+        total = max(1, self.emitted_tokens)
+        out: dict[str, dict[str, float]] = {}
+        for k, (rounds, em, ver, acc) in sorted(self.by_source.items()):
+            out[k] = {
+                "request_rounds": rounds,
+                "tau": em / rounds if rounds else float("nan"),
+                "acceptance": acc / ver if ver else float("nan"),
+                "token_share": acc / total,
+            }
+        drafted = sum(c[3] for c in self.by_source.values())
+        out["target"] = {"token_share": (self.emitted_tokens - drafted) / total}
+        return out
+
+    @property
     def tokens_per_second(self) -> float:
         return self.emitted_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
@@ -210,6 +246,7 @@ class DSparkStats:
             "tokens_per_second": self.tokens_per_second,
             "wall_seconds": self.wall_seconds,
             "seconds": dict(self.seconds),
+            "sources": self.sources,
         }
 
     def to_json(self) -> str:
@@ -240,5 +277,11 @@ class DSparkStats:
             f"verify: {self.mean_verify_len:.2f} rows/request, budget {self.mean_budget:.1f} drafts/round, "
             f"{self.rejected_drafts} of {self.verified_drafts} verified drafts rejected\n"
             f"conditional acceptance by position: {cond}\n"
-            f"time: {parts}"
+            + "".join(
+                f"{k}: {v['request_rounds']} request-rounds, tau {v['tau']:.2f}, "
+                f"{100 * v['token_share']:.0f}% of tokens\n"
+                for k, v in self.sources.items()
+                if k != "target"
+            )
+            + f"time: {parts}"
         )

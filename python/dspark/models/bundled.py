@@ -7,8 +7,9 @@ Each lives in ``dspark/assets/drafters/<name>/``: a DeepSpec-layout checkpoint (
 temperature 1, SGLang's format plus ``biases``), ``sts-greedy.json`` (the same fitted on greedy argmax-match
 labels, for temperature-0 decoding), ``costs.json``
 (dspark's table of draft and verify cost by batch size on the machine kind it was profiled on), ``sps.json``
-(SGLang's 1-D export of that table) and ``draft_vocab.json`` (the token ids it drafts from, loaded by
-``DSparkDrafter.from_pretrained``; see docs/drafter.md).
+(SGLang's 1-D export of that table), ``draft_vocab.json`` (the token ids it drafts from, loaded by
+``DSparkDrafter.from_pretrained``; see docs/drafter.md) and ``lookup_prior.json`` (the acceptance of lookup
+drafts by match length and position that ``dspark calibrate`` measured, the prior of hybrid rounds).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class BundledDrafter:
     sts: Path | None
     sps: Path | None
     sts_greedy: Path | None = None
+    lookup_prior: Path | None = None
 
     def sts_for(self, temperature: float) -> Path | None:
         """The STS file calibrated for this kind of decoding (greedy labels at temperature 0)."""
@@ -62,7 +64,12 @@ def bundled_drafter(name: str = DEFAULT_DRAFTER) -> BundledDrafter:
 
     # dspark's cost table (draft + verify cost per batch size) prices rounds better than the 1-D SPS export
     return BundledDrafter(
-        name, path, opt("sts.json"), opt("costs.json") or opt("sps.json"), opt("sts-greedy.json")
+        name,
+        path,
+        opt("sts.json"),
+        opt("costs.json") or opt("sps.json"),
+        opt("sts-greedy.json"),
+        opt("lookup_prior.json"),
     )
 
 

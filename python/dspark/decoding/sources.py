@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where each request's block comes from in a round: the trained drafter, the lookup index, or neither.
+
+Each request's history proposes a lookup block (:class:`dspark.decoding.lookup.LookupIndex`); its survival —
+the predicted probability that its first ``j + 1`` drafts are all accepted — comes from an
+:class:`~dspark.decoding.acceptance.AcceptanceTable` by (match length, position). The drafter's block is scored
+from its first slot's survival (confidence head + STS: a function of the anchor alone) times the drafter's own
+conditional acceptance of the later slots, kept in a second table. A request takes the block with the larger
+predicted tokens per unit of verify cost.
+
+Exactness (DESIGN §4.5): the choice reads the history, the lookup match and the first slot's confidence, never
+a randomly drafted token, so it cannot select the drafter's block *because* its tokens look good. A request
+whose lookup block wins even against a drafter certain of its first slot (``s_1 = 1``) is decided before the
+drafter runs; when every request of a round is, the drafter does not run at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dspark.decoding.acceptance import AcceptanceTable
+from dspark.decoding.request import Request
+
+__all__ = ["LookupBlock", "block_scores", "drafter_survival", "look_up"]
+
+# the drafter's conditional acceptance has one class (lookup tables have one per match length)
+DRAFTER_CLASS = 0
+
+
+@dataclass
+class LookupBlock:
+    """One round's lookup proposals for R requests, ``g`` slots wide (all on the host).
+
+    Attributes
+    ----------
+    tokens : Tensor
+        ``(R, g)`` int64: each row's proposal, then zeros (never verified: ``lengths`` bound the plan).
+    lengths : list of int
+        Tokens proposed per request (0: no match).
+    match_lengths : list of int
+        The suffix length that matched per request (0: none).
+    proposals : list of list of int
+        The proposals themselves (for the shadow observation at commit).
+    survival : Tensor
+        ``(R, g)`` float32: predicted survival of the lookup drafts, 0 past each proposal.
+    """
+
+    tokens: Tensor
+    lengths: list[int]
+    match_lengths: list[int]
+    proposals: list[list[int]]
+    survival: Tensor
+
+    @property
+    def any(self) -> bool:
+        return any(self.lengths)
+
+
+def look_up(requests: list[Request], width: int, table: AcceptanceTable) -> LookupBlock:
+    """Each request's lookup proposal of up to ``width`` tokens and its predicted survival ``(R, width)``."""
+    proposals, matches = [], []
+    for req in requests:
+        proposals.append(req.lookup.propose(width) if req.lookup is not None else [])
+        matches.append(req.lookup.match_length if req.lookup is not None else 0)
+    lengths = [len(p) for p in proposals]
+    tokens = torch.zeros(len(requests), width, dtype=torch.int64)
+    for i, p in enumerate(proposals):
+        if p:
+            tokens[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
+    survival = table.survival(matches, lengths, width)
+    return LookupBlock(tokens, lengths, matches, proposals, survival)
+
+
+def drafter_survival(first: Tensor, table: AcceptanceTable, width: int) -> Tensor:
+    """Predicted survival ``(R, width)`` of a drafter block from its first slot's survival ``first`` ``(R,)``:
+    ``first · a(2) · … · a(j + 1)`` with ``a`` the drafter's conditional acceptance of the later slots."""
+    later = table.survival([DRAFTER_CLASS], [width], width)[0].to(first.device)  # a(1)·…·a(j+1)
+    tail = later / later[:1].clamp_min(1e-12)  # drop a(1): the first slot's survival is ``first``
+    return first.float()[:, None] * tail[None, :]
+
+
+def block_scores(survival: Tensor, rates: Tensor) -> Tensor:
+    """Predicted tokens per unit of verify cost ``(R,)`` of blocks with ``survival`` ``(R, g)``.
+
+    Verifying ``l`` drafts yields ``1 + S_1 + … + S_l`` tokens (the bonus or correction included) and runs at
+    ``rates[l]`` ``(g + 1,)`` relative steps per second; the score is the best ratio over ``l``.
+    """
+    zero = torch.zeros(survival.shape[0], 1, dtype=torch.float32, device=survival.device)
+    expected = 1.0 + torch.cat([zero, survival.float().cumsum(1)], 1)  # (R, g + 1)
+    return (expected * rates.to(expected.device, torch.float32)[None, : expected.shape[1]]).amax(1)
