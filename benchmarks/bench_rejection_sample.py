@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """rejection_sample against an eager PyTorch verifier (softmax of every row, accept/residual/bonus in torch).
 
-The bit-exact reference (dspark.reference.rejection_sample_ref) is checked first on a small case.
+Two kinds of drafts: ``sampled`` (q = softmax of draft_logits) and ``one-hot`` (deterministic proposals such as
+looked-up tokens: draft_logits None, accept with p(x), residual p without x). The bit-exact reference
+(dspark.reference.rejection_sample_ref) is checked first on a small case of each kind (and a mixed batch).
 
 python benchmarks/bench_rejection_sample.py [--quick] [--device cuda] [--json out.json]
 """
@@ -45,12 +47,42 @@ def eager(tl, qo, z, drafts, vl, temp, gen_seed):
     return out
 
 
+def eager_one_hot(tl, qo, drafts, vl, temp, gen_seed):
+    """Plain torch for deterministic proposals: p for every row, accept iff u < p(x), residual p without x."""
+    g = torch.Generator(device=tl.device).manual_seed(gen_seed)
+    R = drafts.shape[0]
+    p_all = torch.softmax(tl.float() / temp.repeat_interleave(vl.long())[:, None], -1)
+    u = torch.rand(R, GAMMA, generator=g, device=tl.device)
+    out = []
+    for r in range(R):
+        base, n = int(qo[r]), int(vl[r])
+        tok = None
+        for i in range(n - 1):
+            p, x = p_all[base + i], int(drafts[r, i])
+            if u[r, i] >= p[x]:
+                tok = torch.multinomial(p.index_fill(0, drafts[r, i : i + 1], 0.0), 1, generator=g)
+                break
+        if tok is None:
+            tok = torch.multinomial(p_all[base + n - 1], 1, generator=g)
+        out.append(tok)
+    return out
+
+
+def check_against_reference() -> None:
+    small = ragged_verify_inputs(seed=0)
+    tl, qo, z, drafts, vl, temp = small
+    mixed = torch.arange(z.shape[0]) % 2 == 0
+    for zz, kw in ((z, {}), (None, {}), (z, {"draft_one_hot": mixed})):
+        o = dspark.ops.rejection_sample(tl, qo, zz, drafts, vl, temp, 1, 2, **kw)
+        r = rejection_sample_ref(tl, qo, zz, drafts, vl, temp, 1, 2, **kw)
+        label = "one-hot" if zz is None else f"sampled {kw}"
+        assert torch.equal(o[0], r[0]) and torch.equal(o[1], r[1]), label
+
+
 def main() -> None:
     args = parse_args(__doc__)
     dev = args.device
-    small = ragged_verify_inputs(seed=0)
-    o, r = dspark.ops.rejection_sample(*small, 1, 2), rejection_sample_ref(*small, 1, 2)
-    assert torch.equal(o[0], r[0]) and torch.equal(o[1], r[1])
+    check_against_reference()
     if args.quick:
         cases, budget = [(8, 49152)], 0.05
     elif dev == "cuda":
@@ -60,13 +92,19 @@ def main() -> None:
     rows = []
     for R, V in cases:
         a = verify_inputs(R, V, GAMMA, torch.float32, dev, seed=R)
-        acc, _ = dspark.ops.rejection_sample(*a, 1, 2)
-        t_op = time_fn(lambda a=a: dspark.ops.rejection_sample(*a, 1, 2), dev, budget)
-        t_ref = time_fn(lambda a=a: eager(*a, 0), dev, budget)
-        verified = int((acc.cpu() + 1).sum())  # rows whose softmax was computed (at most)
-        extra = {"mean_accepted": float(acc.float().mean()), "rows_read": verified}
-        rows.append(Row({"R": R, "V": V, "gamma": GAMMA}, dev, t_op, t_ref, extra))
-    report("rejection_sample vs eager verifier", rows, args, ["R", "V", "gamma"])
+        tl, qo, _, drafts, vl, temp = a
+        one_hot = [tl, qo, None, drafts, vl, temp]  # the same drafts as deterministic proposals
+        for kind, op_args, ref_fn in (
+            ("sampled", a, lambda a=a: eager(*a, 0)),
+            ("one-hot", one_hot, lambda t=(tl, qo, drafts, vl, temp): eager_one_hot(*t, 0)),
+        ):
+            acc, _ = dspark.ops.rejection_sample(*op_args, 1, 2)
+            t_op = time_fn(lambda o=op_args: dspark.ops.rejection_sample(*o, 1, 2), dev, budget)
+            t_ref = time_fn(ref_fn, dev, budget)
+            verified = int((acc.cpu() + 1).sum())  # rows whose softmax was computed (at most)
+            extra = {"mean_accepted": float(acc.float().mean()), "rows_read": verified}
+            rows.append(Row({"drafts": kind, "R": R, "V": V, "gamma": GAMMA}, dev, t_op, t_ref, extra))
+    report("rejection_sample vs eager verifier", rows, args, ["drafts", "R", "V", "gamma"])
 
 
 if __name__ == "__main__":

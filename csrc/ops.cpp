@@ -45,15 +45,17 @@ TORCH_LIBRARY(dspark, m) {
   m.def(
       "markov_sample(Tensor base_logits, Tensor anchor, Tensor w1, Tensor w2, Tensor temperature, int seed, "
       "int offset, Tensor? request_ids=None) -> (Tensor tokens, Tensor draft_logits, Tensor prev_emb)");
-  // target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32, draft_tokens [R, g] i64,
-  // verify_len [R] i32 in [1, g + 1], temperature [R] f32, optional request_ids [R] i64, top_k [R] i64,
-  // top_p [R] f32, repetition_penalty [R] f32, penalty_tokens [P] i64, penalty_indptr [R + 1] i64
+  // target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32 or None (every draft a
+  // deterministic proposal: q one-hot at it), draft_tokens [R, g] i64, verify_len [R] i32 in [1, g + 1],
+  // temperature [R] f32, optional request_ids [R] i64, top_k [R] i64, top_p [R] f32, repetition_penalty [R]
+  // f32, penalty_tokens [P] i64, penalty_indptr [R + 1] i64, draft_one_hot [R] bool (request r's drafts are
+  // deterministic proposals; its draft_logits rows are not read)
   //   -> accepted [R] i32, out_tokens [R, g + 1] i64 (-1 padded)
   m.def(
-      "rejection_sample(Tensor target_logits, Tensor qo_indptr, Tensor draft_logits, Tensor draft_tokens, "
+      "rejection_sample(Tensor target_logits, Tensor qo_indptr, Tensor? draft_logits, Tensor draft_tokens, "
       "Tensor verify_len, Tensor temperature, int seed, int offset, Tensor? request_ids=None, "
       "Tensor? top_k=None, Tensor? top_p=None, Tensor? repetition_penalty=None, Tensor? penalty_tokens=None, "
-      "Tensor? penalty_indptr=None) -> (Tensor accepted, Tensor out_tokens)");
+      "Tensor? penalty_indptr=None, Tensor? draft_one_hot=None) -> (Tensor accepted, Tensor out_tokens)");
 }
 
 namespace {

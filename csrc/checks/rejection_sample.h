@@ -19,27 +19,36 @@ inline void check_optional_per_request(const at::Tensor& ref, const c10::optiona
 }
 
 inline void check_rejection_sample_args(
-    const at::Tensor& target_logits, const at::Tensor& qo_indptr, const at::Tensor& draft_logits,
-    const at::Tensor& draft_tokens, const at::Tensor& verify_len, const at::Tensor& temperature,
-    const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
-    const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& repetition_penalty,
-    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr) {
+    const at::Tensor& target_logits, const at::Tensor& qo_indptr,
+    const c10::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
+    const at::Tensor& verify_len, const at::Tensor& temperature, const c10::optional<at::Tensor>& request_ids,
+    const c10::optional<at::Tensor>& top_k, const c10::optional<at::Tensor>& top_p,
+    const c10::optional<at::Tensor>& repetition_penalty, const c10::optional<at::Tensor>& penalty_tokens,
+    const c10::optional<at::Tensor>& penalty_indptr, const c10::optional<at::Tensor>& draft_one_hot) {
   constexpr const char* op = "rejection_sample";
   check_dim(op, target_logits, "target_logits", 2);
   check_float_dtype(op, target_logits, "target_logits");
-  check_dim(op, draft_logits, "draft_logits", 3);
-  check_dtype(op, draft_logits, "draft_logits", at::kFloat);
-  const int64_t R = draft_logits.size(0), G = draft_logits.size(1), V = draft_logits.size(2);
-  TORCH_CHECK_VALUE(target_logits.size(1) == V,
-                    "dspark::rejection_sample: target_logits must be [T, V] with V = ", V,
-                    " (draft_logits' vocabulary), got ", target_logits.sizes());
-  TORCH_CHECK_VALUE(G + 1 <= 0xFFFF,
-                    "dspark::rejection_sample: at most 65534 draft positions, got gamma = ", G);
   check_dim(op, draft_tokens, "draft_tokens", 2);
   check_dtype(op, draft_tokens, "draft_tokens", at::kLong);
-  TORCH_CHECK_VALUE(draft_tokens.size(0) == R && draft_tokens.size(1) == G,
-                    "dspark::rejection_sample: draft_tokens must be [R, gamma] = [", R, ", ", G, "], got ",
-                    draft_tokens.sizes());
+  // R, gamma, V from draft_logits; without it (every draft a deterministic proposal) R, gamma from
+  // draft_tokens and V from target_logits
+  int64_t R = draft_tokens.size(0), G = draft_tokens.size(1);
+  if (draft_logits.has_value()) {
+    check_dim(op, *draft_logits, "draft_logits", 3);
+    check_dtype(op, *draft_logits, "draft_logits", at::kFloat);
+    R = draft_logits->size(0);
+    G = draft_logits->size(1);
+    const int64_t V = draft_logits->size(2);
+    TORCH_CHECK_VALUE(target_logits.size(1) == V,
+                      "dspark::rejection_sample: target_logits must be [T, V] with V = ", V,
+                      " (draft_logits' vocabulary), got ", target_logits.sizes());
+    TORCH_CHECK_VALUE(draft_tokens.size(0) == R && draft_tokens.size(1) == G,
+                      "dspark::rejection_sample: draft_tokens must be [R, gamma] = [", R, ", ", G, "], got ",
+                      draft_tokens.sizes());
+    check_same_device(op, target_logits, "target_logits", *draft_logits, "draft_logits");
+  }
+  TORCH_CHECK_VALUE(G + 1 <= 0xFFFF,
+                    "dspark::rejection_sample: at most 65534 draft positions, got gamma = ", G);
   check_dim(op, qo_indptr, "qo_indptr", 1);
   check_dtype(op, qo_indptr, "qo_indptr", at::kInt);
   TORCH_CHECK_VALUE(qo_indptr.size(0) == R + 1,
@@ -55,7 +64,6 @@ inline void check_rejection_sample_args(
   TORCH_CHECK_VALUE(temperature.size(0) == R,
                     "dspark::rejection_sample: temperature must have one entry per request (R = ", R,
                     "), got ", temperature.size(0));
-  check_same_device(op, target_logits, "target_logits", draft_logits, "draft_logits");
   check_same_device(op, target_logits, "target_logits", draft_tokens, "draft_tokens");
   check_same_device(op, target_logits, "target_logits", qo_indptr, "qo_indptr");
   check_same_device(op, target_logits, "target_logits", verify_len, "verify_len");
@@ -64,6 +72,7 @@ inline void check_rejection_sample_args(
   check_optional_per_request(target_logits, top_k, "top_k", at::kLong, R);
   check_optional_per_request(target_logits, top_p, "top_p", at::kFloat, R);
   check_optional_per_request(target_logits, repetition_penalty, "repetition_penalty", at::kFloat, R);
+  check_optional_per_request(target_logits, draft_one_hot, "draft_one_hot", at::kBool, R);
   TORCH_CHECK_VALUE(penalty_tokens.has_value() == penalty_indptr.has_value(),
                     "dspark::rejection_sample: penalty_tokens and penalty_indptr must be given together");
   if (penalty_tokens.has_value()) {
@@ -83,12 +92,13 @@ inline void check_rejection_sample_args(
 
 // Data checks (CPU only). Only the rows the op reads are checked for NaN / +inf.
 inline void check_rejection_sample_values(
-    const at::Tensor& target_logits, const at::Tensor& qo_indptr, const at::Tensor& draft_logits,
-    const at::Tensor& draft_tokens, const at::Tensor& verify_len, const at::Tensor& temperature,
-    const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
-    const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& repetition_penalty,
-    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr) {
-  const int64_t R = draft_logits.size(0), G = draft_logits.size(1), V = draft_logits.size(2);
+    const at::Tensor& target_logits, const at::Tensor& qo_indptr,
+    const c10::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
+    const at::Tensor& verify_len, const at::Tensor& temperature, const c10::optional<at::Tensor>& request_ids,
+    const c10::optional<at::Tensor>& top_k, const c10::optional<at::Tensor>& top_p,
+    const c10::optional<at::Tensor>& repetition_penalty, const c10::optional<at::Tensor>& penalty_tokens,
+    const c10::optional<at::Tensor>& penalty_indptr, const c10::optional<at::Tensor>& draft_one_hot) {
+  const int64_t R = draft_tokens.size(0), G = draft_tokens.size(1), V = target_logits.size(1);
   const int64_t T = target_logits.size(0);
   const auto qo = qo_indptr.contiguous();
   const auto vl = verify_len.contiguous();
@@ -167,9 +177,29 @@ inline void check_rejection_sample_values(
     TORCH_CHECK_VALUE(!(flags & 4),
                       "dspark::rejection_sample: every verify row of target_logits needs a finite entry");
   }
-  if (R > 0 && G > 0 && V > 0) {
-    TORCH_CHECK_VALUE(!(logits_value_flags(draft_logits) & 3),
-                      "dspark::rejection_sample: draft_logits contains NaN or +inf");
+  // the draft rows of requests with deterministic proposals are never read: every run of other requests is
+  // scanned (all of it when draft_one_hot is not given)
+  const auto oh = draft_one_hot.has_value() ? draft_one_hot->contiguous() : at::Tensor();
+  const bool* ohp = oh.defined() ? oh.data_ptr<bool>() : nullptr;
+  if (!draft_logits.has_value()) {
+    for (int64_t r = 0; ohp != nullptr && r < R; ++r) {
+      TORCH_CHECK_VALUE(ohp[r], "dspark::rejection_sample: draft_one_hot[", r,
+                        "] is False but draft_logits is None (no q for request ", r,
+                        "); pass draft_logits or set draft_one_hot[", r, "]");
+    }
+  } else if (R > 0 && G > 0 && V > 0) {
+    for (int64_t r = 0; r < R;) {
+      if (ohp != nullptr && ohp[r]) {
+        ++r;
+        continue;
+      }
+      int64_t end = r + 1;
+      while (end < R && !(ohp != nullptr && ohp[end])) ++end;
+      TORCH_CHECK_VALUE(!(logits_value_flags(draft_logits->narrow(0, r, end - r)) & 3),
+                        "dspark::rejection_sample: draft_logits contains NaN or +inf (in a request without "
+                        "draft_one_hot)");
+      r = end;
+    }
   }
 }
 

@@ -2,9 +2,10 @@
 // CPU rejection_sample: exact speculative verification (DESIGN.md §4.2) with target-side processors.
 // Per request, row by row: p from the processed target row, q = softmax(z / T) from the draft row; accept
 // x_i iff u_i * q(x_i) < p(x_i); on the first rejection a residual draw from (p - q)+; after a fully accepted
-// prefix a bonus draw from p at the last verified row. Rows after a rejection are never processed. The math
-// (exp, sums, threshold search, accept test, keys, argmax) is include/dspark/sampling.h, shared with the CUDA
-// kernel.
+// prefix a bonus draw from p at the last verified row. Rows after a rejection are never processed. Requests
+// with deterministic proposals (draft_one_hot, or no draft_logits at all) have q one-hot at x_i, never
+// materialised: accept iff u_i < p(x_i), the residual is p with x_i excluded. The math (exp, sums, threshold
+// search, accept tests, keys, argmax) is include/dspark/sampling.h, shared with the CUDA kernel.
 #include "checks/rejection_sample.h"
 
 #include <ATen/Dispatch.h>
@@ -160,11 +161,12 @@ float draft_exp_simd(const float* z, int64_t V, float temperature, float* e) {
 #endif
 }
 
-// Residual draw from (w - e / sq)+ with the vector path; -1 when no weight is positive.
-int64_t draw_residual_simd(const float* w, const float* e, float sq, int64_t V, uint64_t seed,
-                           uint64_t offset, uint32_t request, uint32_t pos) {
+// Residual draw from (w - e / sq)+ with the vector path (e == nullptr: from w with id `exclude` left out, the
+// residual of a deterministic proposal); -1 when no weight is positive.
+int64_t draw_residual_simd(const float* w, const float* e, float sq, int64_t exclude, int64_t V,
+                           uint64_t seed, uint64_t offset, uint32_t request, uint32_t pos) {
 #if DSPARK_HAVE_AVX512_PATH
-  return avx512::gumbel_draw_row(V, w, e, sq, seed, offset, request, pos);
+  return avx512::gumbel_draw_row(V, w, e, sq, exclude, seed, offset, request, pos);
 #else
   TORCH_CHECK(false, "dspark rejection_sample: no vector path in this build");
 #endif
@@ -184,27 +186,33 @@ int64_t gumbel_draw(int64_t V, W wt, uint64_t seed, uint64_t offset, uint32_t re
 
 }  // namespace
 
-// target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32, draft_tokens [R, g] i64,
-// verify_len [R] i32, temperature [R] f32, optional per-request request_ids i64 / top_k i64 / top_p f32 /
-// repetition_penalty f32, penalty_tokens [P] i64 + penalty_indptr [R + 1] i64
+// target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32 or None (every draft a
+// deterministic proposal), draft_tokens [R, g] i64, verify_len [R] i32, temperature [R] f32, optional
+// per-request request_ids i64 / top_k i64 / top_p f32 / repetition_penalty f32, penalty_tokens [P] i64 +
+// penalty_indptr [R + 1] i64, draft_one_hot [R] bool (request r's drafts are deterministic proposals; its
+// draft rows unread)
 //   -> accepted [R] i32, out_tokens [R, g + 1] i64 (-1 padded)
 std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
-    const at::Tensor& target_logits, const at::Tensor& qo_indptr, const at::Tensor& draft_logits,
-    const at::Tensor& draft_tokens, const at::Tensor& verify_len, const at::Tensor& temperature, int64_t seed,
-    int64_t offset, const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
+    const at::Tensor& target_logits, const at::Tensor& qo_indptr,
+    const c10::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
+    const at::Tensor& verify_len, const at::Tensor& temperature, int64_t seed, int64_t offset,
+    const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
     const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& repetition_penalty,
-    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr) {
+    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr,
+    const c10::optional<at::Tensor>& draft_one_hot) {
   check_rejection_sample_args(target_logits, qo_indptr, draft_logits, draft_tokens, verify_len, temperature,
-                              request_ids, top_k, top_p, repetition_penalty, penalty_tokens, penalty_indptr);
+                              request_ids, top_k, top_p, repetition_penalty, penalty_tokens, penalty_indptr,
+                              draft_one_hot);
   check_rejection_sample_values(target_logits, qo_indptr, draft_logits, draft_tokens, verify_len, temperature,
-                                request_ids, top_k, top_p, repetition_penalty, penalty_tokens,
-                                penalty_indptr);
-  const int64_t R = draft_logits.size(0), G = draft_logits.size(1), V = draft_logits.size(2);
+                                request_ids, top_k, top_p, repetition_penalty, penalty_tokens, penalty_indptr,
+                                draft_one_hot);
+  const int64_t R = draft_tokens.size(0), G = draft_tokens.size(1), V = target_logits.size(1);
   auto accepted = at::zeros({R}, draft_tokens.options().dtype(at::kInt));
   auto out = at::full({R, G + 1}, -1, draft_tokens.options());
   if (R == 0) return {accepted, out};
   const auto tl = target_logits.contiguous();
-  const auto zl = draft_logits.contiguous();
+  const auto zl = draft_logits.has_value() ? draft_logits->contiguous() : at::Tensor();
+  const auto oh = draft_one_hot.has_value() ? draft_one_hot->contiguous() : at::Tensor();
   const auto dt = draft_tokens.contiguous();
   const auto qo = qo_indptr.contiguous();
   const auto vl = verify_len.contiguous();
@@ -215,7 +223,8 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
   const auto rpn = repetition_penalty.has_value() ? repetition_penalty->contiguous() : at::Tensor();
   const auto ptok = penalty_tokens.has_value() ? penalty_tokens->contiguous() : at::Tensor();
   const auto pptr = penalty_indptr.has_value() ? penalty_indptr->contiguous() : at::Tensor();
-  const float* zp = zl.data_ptr<float>();
+  const float* zp = zl.defined() ? zl.data_ptr<float>() : nullptr;
+  const bool* ohp = oh.defined() ? oh.data_ptr<bool>() : nullptr;
   const int64_t* dp = dt.data_ptr<int64_t>();
   const int32_t* qp = qo.data_ptr<int32_t>();
   const int32_t* lp = vl.data_ptr<int32_t>();
@@ -226,7 +235,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
   // the bonus draw (and the residual's fallback) from p = w
   auto draw_p = [&](const float* w, uint32_t request, uint32_t pos) -> int64_t {
 #if DSPARK_HAVE_AVX512_PATH
-    if (simd) return avx512::gumbel_draw_row(V, w, nullptr, 0.0f, s, o, request, pos);
+    if (simd) return avx512::gumbel_draw_row(V, w, nullptr, 0.0f, -1, s, o, request, pos);
 #endif
     return gumbel_draw(V, [&](int64_t j) { return w[j]; }, s, o, request, pos);
   };
@@ -249,6 +258,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
         }
         rp.request = static_cast<uint32_t>(ids.defined() ? ids.data_ptr<int64_t>()[r] : r);
         const bool greedy = rp.temperature == 0.0f;
+        const bool one_hot = zp == nullptr || (ohp != nullptr && ohp[r]);  // deterministic proposals
         const int64_t n = lp[r];
         const int64_t* drafts = dp + r * G;
         int64_t* emit = outp + r * (G + 1);
@@ -272,6 +282,21 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
             emit[i] = arg;
             break;
           }
+          const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
+          if (one_hot) {  // q one-hot at x: accept iff u < p(x), else a draw from p without x
+            if (accept_proposal(u, w[x])) {
+              emit[i] = x;
+              ++n_acc;
+              continue;
+            }
+            int64_t c = simd ? draw_residual_simd(w.data(), nullptr, 0.0f, x, V, s, o, rp.request, pos)
+                             : gumbel_draw(
+                                   V, [&](int64_t j) { return proposal_residual_weight(w[j], j, x); }, s, o,
+                                   rp.request, pos);
+            if (c < 0) c = draw_p(w.data(), rp.request, pos);  // p is all at x: from p
+            emit[i] = c;
+            break;
+          }
           // q = softmax(z / T) of the draft row: q_j = exp(z_j / T - mq) / sq
           const float* z = zp + (r * G + i) * V;
           float mq = -INFINITY, sq;
@@ -284,14 +309,13 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cpu(
           auto q_at = [&](int64_t j) {
             return div_rn(simd ? e[j] : draft_weight(z[j], rp.temperature, mq), sq);
           };
-          const float u = philox_uniform(s, o, rp.request, pos, kPurposeAccept, 0);
           if (accept_draft(u, q_at(x), w[x])) {
             emit[i] = x;
             ++n_acc;
             continue;
           }
           int64_t c =
-              simd ? draw_residual_simd(w.data(), e.data(), sq, V, s, o, rp.request, pos)
+              simd ? draw_residual_simd(w.data(), e.data(), sq, -1, V, s, o, rp.request, pos)
                    : gumbel_draw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, s, o, rp.request, pos);
           if (c < 0) c = draw_p(w.data(), rp.request, pos);  // (p - q)+ = 0: from p
           emit[i] = c;

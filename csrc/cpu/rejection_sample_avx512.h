@@ -121,11 +121,13 @@ DSPARK_AVX512 inline void zero_below(const float* y, float* w, int64_t V, float 
 }
 
 // Gumbel-max draw (purpose kPurposeResidual) from the weights w[i] (e == nullptr: the bonus draw from p) or
-// w[i] - e[i] / sq (the residual (p - q)+, q = e / sq); only weights > 0 take part; -1 when none is.
-// 64 ids per Philox call; blocks without a positive weight draw no noise (none of their ids could win).
+// w[i] - e[i] / sq (the residual (p - q)+, q = e / sq); id `exclude` (>= 0) takes no part (the residual
+// (p - onehot_x)+ of a deterministic proposal x, as proposal_residual_weight); only weights > 0 take part;
+// -1 when none is. 64 ids per Philox call; blocks without a positive weight draw no noise (none of their ids
+// could win).
 DSPARK_AVX512 inline int64_t gumbel_draw_row(int64_t V, const float* w, const float* e, float sq,
-                                             uint64_t seed, uint64_t offset, uint32_t request,
-                                             uint32_t position) {
+                                             int64_t exclude, uint64_t seed, uint64_t offset,
+                                             uint32_t request, uint32_t position) {
   Argmax16 a{_mm512_set1_ps(-INFINITY), _mm512_setzero_si512()};
   const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps(), sv = _mm512_set1_ps(sq);
   for (int64_t base = 0; base < V; base += 64) {
@@ -138,6 +140,7 @@ DSPARK_AVX512 inline int64_t gumbel_draw_row(int64_t V, const float* w, const fl
       x[c] = _mm512_maskz_loadu_ps(lm, w + i);
       if (e != nullptr) x[c] = _mm512_sub_ps(x[c], _mm512_div_ps(_mm512_maskz_loadu_ps(lm, e + i), sv));
       pos[c] = _mm512_mask_cmp_ps_mask(lm, x[c], zero, _CMP_GT_OQ);
+      if (exclude >= i && exclude < i + 16) pos[c] &= static_cast<__mmask16>(~(1u << (exclude - i)));
       any = any || pos[c] != 0;
     }
     if (!any) continue;

@@ -12,25 +12,28 @@
 
 namespace dspark {
 
-// target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32, draft_tokens [R, g] i64,
-// verify_len [R] i32, temperature [R] f32, optional processors (cuda)
+// target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32 or None (deterministic proposals),
+// draft_tokens [R, g] i64, verify_len [R] i32, temperature [R] f32, optional processors and draft_one_hot [R]
+// bool (cuda; with draft_logits None every request is taken as deterministic)
 //   -> accepted [R] i32, out_tokens [R, g + 1] i64
 std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
-    const at::Tensor& target_logits, const at::Tensor& qo_indptr, const at::Tensor& draft_logits,
-    const at::Tensor& draft_tokens, const at::Tensor& verify_len, const at::Tensor& temperature, int64_t seed,
-    int64_t offset, const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
+    const at::Tensor& target_logits, const at::Tensor& qo_indptr,
+    const c10::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
+    const at::Tensor& verify_len, const at::Tensor& temperature, int64_t seed, int64_t offset,
+    const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& top_k,
     const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& repetition_penalty,
-    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr) {
+    const c10::optional<at::Tensor>& penalty_tokens, const c10::optional<at::Tensor>& penalty_indptr,
+    const c10::optional<at::Tensor>& draft_one_hot) {
   check_rejection_sample_args(target_logits, qo_indptr, draft_logits, draft_tokens, verify_len, temperature,
-                              request_ids, top_k, top_p, repetition_penalty, penalty_tokens, penalty_indptr);
+                              request_ids, top_k, top_p, repetition_penalty, penalty_tokens, penalty_indptr,
+                              draft_one_hot);
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  const int64_t R = draft_logits.size(0), G = draft_logits.size(1), V = draft_logits.size(2);
+  const int64_t R = draft_tokens.size(0), G = draft_tokens.size(1), V = target_logits.size(1);
   TORCH_CHECK_VALUE(R <= 0x7FFFFFFF, "dspark::rejection_sample: at most 2^31 - 1 requests on CUDA, got ", R);
   auto accepted = at::zeros({R}, draft_tokens.options().dtype(at::kInt));
   auto out = at::full({R, G + 1}, -1, draft_tokens.options());
   if (R == 0 || V == 0) return {accepted, out};
   const auto tl = target_logits.contiguous();
-  const auto zl = draft_logits.contiguous();
   const auto dt = draft_tokens.contiguous();
   const auto qo = qo_indptr.contiguous(), vl = verify_len.contiguous(), tt = temperature.contiguous();
   auto opt = [](const c10::optional<at::Tensor>& t) {
@@ -38,10 +41,12 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   };
   const auto ids = opt(request_ids), tk = opt(top_k), tp = opt(top_p), pen = opt(repetition_penalty);
   const auto ptok = opt(penalty_tokens), pptr = opt(penalty_indptr);
-  auto ws = at::empty({2, R, V}, zl.options());
+  const auto zl = opt(draft_logits), oh = opt(draft_one_hot);
+  auto ws = at::empty({2, R, V}, tl.options().dtype(at::kFloat));
   kernels::RejectionParams p;
   p.qo_indptr = qo.data_ptr<int32_t>();
-  p.draft_logits = zl.data_ptr<float>();
+  p.draft_logits = zl.defined() ? zl.data_ptr<float>() : nullptr;
+  p.draft_one_hot = oh.defined() ? oh.data_ptr<bool>() : nullptr;
   p.draft_tokens = dt.data_ptr<int64_t>();
   p.verify_len = vl.data_ptr<int32_t>();
   p.temperature = tt.data_ptr<float>();

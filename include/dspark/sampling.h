@@ -10,9 +10,9 @@
 //   - ordered_key / key_to_float / search_key: a monotone map of floats to uint32 and the bisection over it
 //     that finds the top-k / top-p thresholds;
 //   - the draw rules: temperature_scaled, draft_key (Gumbel-max of a draft token), draft_weight (q's
-//   unnormalised weight),
-//     accept_draft (u q(x) < p(x)), residual_key (Gumbel-max of a residual / bonus weight), and KeyIdx /
-//     best_of (a running argmax with ties to the lowest index).
+//     unnormalised weight), accept_draft (u q(x) < p(x)), accept_proposal / proposal_residual_weight (the
+//     same rules for a deterministic proposal, q one-hot at x), residual_key (Gumbel-max of a residual /
+//     bonus weight), and KeyIdx / best_of (a running argmax with ties to the lowest index).
 #pragma once
 #include "dspark/macros.h"
 #include "dspark/philox.h"
@@ -142,6 +142,14 @@ DSPARK_HD float draft_weight(float z, float temperature, float m) {
 
 // The acceptance test of a sampled draft x: u < p(x) / q(x), written u * q(x) < p(x) (u uniform in (0, 1)).
 DSPARK_HD bool accept_draft(float u, float q, float p) { return mul_rn(u, q) < p; }
+
+// The acceptance test of a deterministic proposal x (q one-hot at x, e.g. a looked-up token): u < p(x), the
+// sampled test with q(x) = 1 (u * 1 rounds to u), so an exactly one-hot q row decides the same.
+DSPARK_HD bool accept_proposal(float u, float p) { return accept_draft(u, 1.0f, p); }
+
+// Residual weight of vocabulary id j after rejecting the deterministic proposal x: (p - onehot_x)+ = p(j) for
+// j != x and 0 at x (p(x) - 1 <= 0), the values the sampled residual p - q takes when q is exactly one-hot.
+DSPARK_HD float proposal_residual_weight(float p, int64_t j, int64_t x) { return j == x ? 0.0f : p; }
 
 // Gumbel-max key of vocabulary id i with weight x > 0 in a residual or bonus draw: log x + g.
 DSPARK_HD float residual_key(float x, uint64_t seed, uint64_t offset, uint32_t request, uint32_t position,

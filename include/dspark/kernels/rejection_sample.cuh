@@ -2,8 +2,10 @@
 // CUDA rejection_sample: one block of kSumLanes threads per request, walking its verify rows in order and
 // stopping at the first rejection (later rows are never read). Per row the block builds the processed target
 // row y (penalty, / T) and p (top-k, top-p by threshold search, fixed-order normalisation) in a global
-// workspace, forms q = softmax(z / T) on the fly, and takes the accept / residual / bonus decision. Every
-// sum, exp, log and tie rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same tokens.
+// workspace, forms q = softmax(z / T) on the fly (requests with deterministic proposals: q one-hot at the
+// draft, never formed; their draft rows are not read), and takes the accept / residual / bonus decision.
+// Every sum, exp, log and tie rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same
+// tokens.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -15,7 +17,8 @@ namespace dspark::kernels {
 
 struct RejectionParams {
   const int32_t* qo_indptr;
-  const float* draft_logits;  // [R, G, V]
+  const float* draft_logits;  // [R, G, V]; nullptr: every request's drafts are deterministic proposals
+  const bool* draft_one_hot;  // [R], nullable: request r's drafts are deterministic proposals
   const int64_t* draft_tokens;
   const int32_t* verify_len;
   const float* temperature;
@@ -54,6 +57,7 @@ __global__ void __launch_bounds__(kSumLanes)
   const int tid = threadIdx.x;
   const float T = a.temperature[r];
   const bool greedy = T == 0.0f;
+  const bool one_hot = a.draft_logits == nullptr || (a.draft_one_hot != nullptr && a.draft_one_hot[r]);
   const int64_t top_k = a.top_k ? a.top_k[r] : 0;
   const float top_p = a.top_p ? a.top_p[r] : 1.0f;
   const float pen = a.penalty ? a.penalty[r] : 1.0f;
@@ -135,6 +139,19 @@ __global__ void __launch_bounds__(kSumLanes)
       break;
     }
     const int64_t x = drafts[i];
+    const float u = philox_uniform(a.seed, a.offset, req, pos, kPurposeAccept, 0);
+    if (one_hot) {  // q one-hot at x: accept iff u < p(x), else a draw from p without x
+      if (accept_proposal(u, w[x])) {
+        if (tid == 0) emit[i] = x;
+        ++n_acc;
+        continue;
+      }
+      int64_t c = BlockGumbelDraw(
+          V, [&](int64_t j) { return proposal_residual_weight(w[j], j, x); }, a.seed, a.offset, req, pos, s);
+      if (c < 0) c = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
+      if (tid == 0) emit[i] = c;
+      break;
+    }
     const float* z = a.draft_logits + (r * G + i) * V;
     KeyIdx zm{-INFINITY, -1};
     for (int64_t j = tid; j < V; j += kSumLanes) zm = best_of(zm, KeyIdx{div_rn(z[j], T), j});
@@ -143,7 +160,6 @@ __global__ void __launch_bounds__(kSumLanes)
     for (int64_t j = tid; j < V; j += kSumLanes) lane = add_rn(lane, draft_weight(z[j], T, mq));
     const float sq = BlockLaneSum(lane, s);
     auto q_at = [&](int64_t j) { return div_rn(draft_weight(z[j], T, mq), sq); };
-    const float u = philox_uniform(a.seed, a.offset, req, pos, kPurposeAccept, 0);
     if (accept_draft(u, q_at(x), w[x])) {
       if (tid == 0) emit[i] = x;
       ++n_acc;

@@ -10,7 +10,7 @@ from torch import Tensor
 def rejection_sample(
     target_logits: Tensor,
     qo_indptr: Tensor,
-    draft_logits: Tensor,
+    draft_logits: Tensor | None,
     draft_tokens: Tensor,
     verify_len: Tensor,
     temperature: Tensor,
@@ -22,6 +22,7 @@ def rejection_sample(
     repetition_penalty: Tensor | None = None,
     penalty_tokens: Tensor | None = None,
     penalty_indptr: Tensor | None = None,
+    draft_one_hot: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Verify each request's drafts against the target with standard rejection sampling.
 
@@ -35,16 +36,25 @@ def rejection_sample(
     emit that argmax). Philox keys: request = ``request_ids[r]`` or ``r``, position = row ``i``; purpose 2 index
     0 for ``u_i``, purpose 3 index = vocabulary id for the Gumbel-max residual/bonus draws.
 
+    Deterministic proposals (e.g. looked-up tokens): for a request with ``draft_one_hot[r]`` set, or for every
+    request when ``draft_logits`` is None, ``q_i`` is one-hot at the draft ``x`` (never materialised): accept
+    iff ``u_i < p_i(x)``; at the first rejection emit a Gumbel-max draw from ``p_i`` with ``x`` removed and
+    renormalised (``p_i`` if that is all zero); bonus row and greedy rows as above. The keys are the same, so
+    such a request gives the same tokens as one whose ``draft_logits`` compute to an exactly one-hot ``q``.
+
     Parameters
     ----------
     target_logits : Tensor
         ``(T, V)`` float32/bfloat16/float16 packed verify rows; no NaN/+inf in the rows read.
     qo_indptr : Tensor
         ``(R + 1,)`` int32 row offsets, ``qo_indptr[0] = 0``.
-    draft_logits : Tensor
-        ``(R, gamma, V)`` float32: ``z`` from :func:`dspark.ops.markov_sample`.
+    draft_logits : Tensor or None
+        ``(R, gamma, V)`` float32: ``z`` from :func:`dspark.ops.markov_sample`; no NaN/+inf in the rows of
+        requests without ``draft_one_hot`` (the others are never read and may hold anything). None: every
+        request's drafts are deterministic proposals (``R``, ``gamma`` from ``draft_tokens``, ``V`` from
+        ``target_logits``).
     draft_tokens : Tensor
-        ``(R, gamma)`` int64.
+        ``(R, gamma)`` int64 in ``[0, V)`` (the entries that are verified).
     verify_len : Tensor
         ``(R,)`` int32 in ``[1, gamma + 1]`` (anchor row + admitted drafts).
     temperature : Tensor
@@ -62,6 +72,9 @@ def rejection_sample(
         ``(R,)`` float32 ``> 0``; 1 is off.
     penalty_tokens, penalty_indptr : Tensor, optional
         ``(P,)`` int64 tokens already in each request's context and ``(R + 1,)`` int64 offsets.
+    draft_one_hot : Tensor, optional
+        ``(R,)`` bool: request ``r``'s drafts are deterministic proposals (its ``draft_logits`` rows are not
+        read). With ``draft_logits`` None it must be all True (checked on CPU) and changes nothing.
 
     Returns
     -------
@@ -77,6 +90,11 @@ def rejection_sample(
     >>> acc, out = dspark.ops.rejection_sample(
     ...     torch.randn(3, 10), torch.tensor([0, 3], dtype=torch.int32), z, z.argmax(-1),
     ...     torch.tensor([3], dtype=torch.int32), torch.zeros(1), 0, 0)
+    >>> out.shape
+    torch.Size([1, 3])
+    >>> acc, out = dspark.ops.rejection_sample(  # looked-up drafts: no draft logits
+    ...     torch.randn(3, 10), torch.tensor([0, 3], dtype=torch.int32), None, torch.tensor([[4, 2]]),
+    ...     torch.tensor([3], dtype=torch.int32), torch.ones(1), 0, 0)
     >>> out.shape
     torch.Size([1, 3])
     """
@@ -95,6 +113,7 @@ def rejection_sample(
         repetition_penalty,
         penalty_tokens,
         penalty_indptr,
+        draft_one_hot,
     )
 
 
@@ -114,6 +133,7 @@ def _rejection_sample_fake(
     repetition_penalty=None,
     penalty_tokens=None,
     penalty_indptr=None,
+    draft_one_hot=None,
 ):
     R, G = draft_tokens.shape
     return (

@@ -94,7 +94,7 @@ def _uniform(seed: int, offset: int, request: int, position: int) -> Tensor:
 def rejection_sample_ref(
     target_logits: Tensor,
     qo_indptr: Tensor,
-    draft_logits: Tensor,
+    draft_logits: Tensor | None,
     draft_tokens: Tensor,
     verify_len: Tensor,
     temperature: Tensor,
@@ -106,10 +106,15 @@ def rejection_sample_ref(
     repetition_penalty: Tensor | None = None,
     penalty_tokens: Tensor | None = None,
     penalty_indptr: Tensor | None = None,
+    draft_one_hot: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """target_logits ``(T, V)``, qo_indptr ``(R+1,)``, draft_logits ``(R, g, V)``, draft_tokens ``(R, g)``,
-    verify_len ``(R,)``, temperature ``(R,)`` -> accepted ``(R,)`` int32, out_tokens ``(R, g+1)`` int64."""
-    R, G, V = draft_logits.shape
+    """target_logits ``(T, V)``, qo_indptr ``(R+1,)``, draft_logits ``(R, g, V)`` or None, draft_tokens ``(R, g)``,
+    verify_len ``(R,)``, temperature ``(R,)``, draft_one_hot ``(R,)`` bool or None -> accepted ``(R,)`` int32,
+    out_tokens ``(R, g+1)`` int64.
+
+    A request with ``draft_one_hot[r]`` (every request when ``draft_logits`` is None) proposes deterministically:
+    q one-hot at x, so accept iff ``u * 1 < p(x)`` and the residual ``(p - onehot_x)+`` is p with x zeroed."""
+    R, G = draft_tokens.shape
     accepted = torch.zeros(R, dtype=torch.int32)
     out = torch.full((R, G + 1), -1, dtype=torch.int64)
     for r in range(R):
@@ -123,6 +128,7 @@ def rejection_sample_ref(
             ctx = penalty_tokens[int(penalty_indptr[r]) : int(penalty_indptr[r + 1])].tolist()
         n = int(verify_len[r])
         drafts = draft_tokens[r].tolist()
+        one_hot = draft_logits is None or (draft_one_hot is not None and bool(draft_one_hot[r]))
         for i in range(n):
             row = target_logits[int(qo_indptr[r]) + i]
             arg, p = target_probs_ref(row, t, k, tp, pen, ctx + drafts[:i])
@@ -136,8 +142,19 @@ def rejection_sample_ref(
                     break
                 accepted[r] += 1
                 continue
+            u = _uniform(seed, offset, req, i)
+            if one_hot:
+                if bool(u * sm.f32(1.0) < p[x]):
+                    out[r, i] = x
+                    accepted[r] += 1
+                    continue
+                resid = p.clone()
+                resid[x] = 0.0  # (p - onehot_x)+
+                c = _draw(resid, seed, offset, req, i)
+                out[r, i] = c if c >= 0 else _draw(p, seed, offset, req, i)
+                break
             q = draft_probs_ref(draft_logits[r, i], t)
-            if bool(_uniform(seed, offset, req, i) * q[x] < p[x]):
+            if bool(u * q[x] < p[x]):
                 out[r, i] = x
                 accepted[r] += 1
                 continue
