@@ -26,6 +26,11 @@ Methods, all on the same target, prompts (chat template applied to the first use
   drafter's STS temperatures and the SPS cost table (without a table the cost-driven planners verify every draft;
   the table says so).
 - ``DFlash full`` (with ``--dflash``): a drafter without a confidence head, so every draft is verified.
+- ``lookup (dspark engine)`` and ``hybrid (DSpark + lookup)`` (``--lookup``, on by default): lookup decoding
+  through the dspark engine without a drafter, and hybrid rounds (the drafter and lookup drafts, the better
+  block per request and round, docs/lookup.md), both with ``--lookup-planner`` (default early_stop), the SPS
+  table and the drafter folder's ``lookup_prior.json`` when it has one; the lines under each table give their
+  tokens/s over the engine without drafts, HF prompt lookup and DSpark alone.
 - ``dspark plain (γ = 0)`` (``--plain``, on by default): the same engine without drafting (paged KV cache,
   ragged batches, ``rejection_sample`` picking the token). It separates what speculation gains from what the
   engine itself costs or saves against HF ``generate``: ``DSpark x`` over ``dspark plain`` is the speculative
@@ -56,7 +61,13 @@ from benchmarks.e2e.inputs import (  # noqa: E402
     resolve_drafter,
 )
 from benchmarks.e2e.plots import plots  # noqa: E402
-from benchmarks.e2e.report import case_table, check_tokens, fill_ratios, write_json  # noqa: E402
+from benchmarks.e2e.report import (  # noqa: E402
+    case_table,
+    check_tokens,
+    fill_ratios,
+    lookup_lines,
+    write_json,
+)
 from benchmarks.e2e.runners import Bench, run_case  # noqa: E402
 from dspark.decoding.inputs import chat_token_ids  # noqa: E402
 from dspark.models.draft_vocab import (  # noqa: E402
@@ -258,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 cases.append(case)
                 header = f"{setup}, {len(prompts)} prompts × {args.max_new_tokens} new tokens, {eos_rule}"
                 print(case_table(case, header) + "\n")
+                for line in lookup_lines(case):
+                    print(line)
                 for w in case_warnings:
                     print(w + "\n")
                 warnings += case_warnings

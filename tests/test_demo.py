@@ -24,7 +24,8 @@ def test_demo_reproduces_plain_decoding(drafter_dtype, capsys):
     assert f"bundled drafter ({str(drafter_dtype).removeprefix('torch.')})" in out
     assert "8192-id draft vocabulary" in out  # the bundled drafter drafts from its draft vocabulary
     assert len(rows) == 1 and rows[0]["identical"] and rows[0]["engine_identical"] and rows[0]["tokens"] > 0
-    assert rows[0]["tau"] >= 1.0 and "speed-up" in out and "speculation" in out
+    assert rows[0]["hybrid_identical"] and rows[0]["hybrid_tau"] >= 1.0 and "hybrid" in out
+    assert rows[0]["tau"] >= 1.0 and "speed-up" in out and "DSpark over engine" in out
     assert rows[0]["speedup"] == pytest.approx(rows[0]["dspark_tok_s"] / rows[0]["plain_tok_s"])
 
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.e2e.runners import HF, STAGES, Case
+from benchmarks.e2e.runners import HF, HYBRID, LOOKUP, PLAIN, PROMPT_LOOKUP, STAGES, Case
 
 
 def check_tokens(case: Case) -> list[str]:
@@ -80,6 +80,33 @@ def case_table(case: Case, header: str) -> str:
             f"| {same} |"
         )
     return "\n".join(lines)
+
+
+def lookup_lines(case: Case) -> list[str]:
+    """The lookup methods against their baselines at each batch size (tokens/s ratios in one process, τ and
+    the lookup's share of the hybrid's tokens); empty without lookup runs."""
+    lines = []
+    for b in sorted({r.batch for r in case.runs}):
+        at = {r.method: r for r in case.runs if r.batch == b and r.available}
+        hyb, look = at.get(HYBRID), at.get(LOOKUP)
+        if hyb is None and look is None:
+            continue
+        pl = [r for r in case.runs if r.method == PROMPT_LOOKUP and r.batch == 1 and r.available]
+        hf_pl = pl[0] if pl and b == 1 else None
+        dspark = next((r for m, r in at.items() if m.startswith("DSpark") and "whole" not in m), None)
+
+        def ratio(a, base):
+            return f"{a.tokens_per_second / base.tokens_per_second:.2f}×" if a and base else "n/a"
+
+        share = hyb.stats.sources.get("lookup", {}).get("token_share", 0.0) if hyb and hyb.stats else 0.0
+        lines.append(
+            f"- batch {b}: hybrid {ratio(hyb, at.get(PLAIN))} the engine without drafts, "
+            f"{ratio(hyb, hf_pl)} HF prompt lookup, {ratio(hyb, dspark)} DSpark alone; lookup alone "
+            f"{ratio(look, hf_pl)} HF prompt lookup, {ratio(look, at.get(PLAIN))} the engine; τ hybrid "
+            f"{hyb.stats.tau if hyb else float('nan'):.2f} (lookup {100 * share:.0f}% of its tokens), DSpark "
+            f"{dspark.stats.tau if dspark else float('nan'):.2f}, lookup {look.stats.tau if look else float('nan'):.2f}"
+        )
+    return lines
 
 
 def _clean(x: Any) -> Any:

@@ -23,7 +23,7 @@ PROMPT_LOOKUP = "HF prompt lookup"
 PROMPT_LOOKUP_TOKENS = 10
 LOOKUP = "lookup (dspark engine)"  # prompt-lookup drafts through the dspark engine, no drafter
 HYBRID = "hybrid (DSpark + lookup)"
-STAGES = ("draft", "plan", "verify", "accept", "commit")
+STAGES = ("lookup", "draft", "plan", "verify", "accept", "commit")
 WARMUP_TOKENS = 4  # a short generate per method first, so one-time setup is not timed
 
 
