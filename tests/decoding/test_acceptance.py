@@ -3,6 +3,8 @@
 
 import json
 import math
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -220,6 +222,11 @@ def test_save_load_round_trip_keeps_the_evidence(tmp_path):
     path = tmp_path / "prior.json"
     t.save(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prior.json"]  # no temporary file left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # an ordinary file, not a private temp file
+    # "{", 8 scalar fields, accepts and trials as a header, 3 class rows and "]" each, "}"
+    assert path.read_text().count("\n") == 20 and "\n  [41, 31],\n" in path.read_text()
     assert json.loads(path.read_text()) == d
     back = AcceptanceTable.load(path, prior_weight=50.0)
     assert back.to_dict() == d and back.prior_weight == 50.0

@@ -25,7 +25,7 @@ The prior
 ---------
 A prior file (docs/file-formats.md, "Acceptance table") holds raw counts, possibly many thousands per cell.
 They are rescaled cell by cell on loading so that no cell carries more than ``prior_weight`` pseudo-trials
-(the ratio is kept): the prior sets the starting point, and a request's own rounds outweigh it after a few
+(the ratio is kept): the prior sets the starting point, and the decoder's own rounds outweigh it after a few
 dozen observations. A cell without prior trials (or a table without a prior) starts at ``a = 0.5`` with 2
 pseudo-trials. :meth:`~AcceptanceTable.to_dict` writes the evidence (the prior's raw counts plus the
 observations, never the 0.5 default), so saving and loading a table loses nothing.
@@ -37,7 +37,7 @@ import json
 import math
 import numbers
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -418,16 +418,29 @@ class AcceptanceTable:
     def save(self, path: str | os.PathLike) -> None:
         """Write :meth:`to_dict` as JSON to ``path`` atomically (a temporary file, then ``os.replace``)."""
         path = Path(path)
-        text = json.dumps(self.to_dict(), indent=1) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        d = self.to_dict()
+        # one line per field and per class row: a table stays readable at a glance
+        lines = []
+        for key, value in d.items():
+            if key in ("accepts", "trials"):
+                # whole counts as ints: raw counts stay integers in the file
+                rows = ",\n".join(
+                    "  " + json.dumps([int(x) if x.is_integer() else x for x in row]) for row in value
+                )
+                lines.append(f"{json.dumps(key)}: [\n{rows}\n ]")
+            else:
+                lines.append(f"{json.dumps(key)}: {json.dumps(value)}")
+        text = "{\n " + ",\n ".join(lines) + "\n}\n"
+        # a unique name in the same folder (os.replace must not cross file systems); mode "x" honours the umask
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
-            with os.fdopen(fd, "w") as f:
+            with open(tmp, "x") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
 
     @classmethod
