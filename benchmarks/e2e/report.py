@@ -93,7 +93,9 @@ def lookup_lines(case: Case) -> list[str]:
             continue
         pl = [r for r in case.runs if r.method == PROMPT_LOOKUP and r.batch == 1 and r.available]
         hf_pl = pl[0] if pl and b == 1 else None
-        dspark = next((r for m, r in at.items() if m.startswith("DSpark") and "whole" not in m), None)
+        # DSpark alone with the hybrid's planner (else the first DSpark row)
+        same = [r for m, r in at.items() if m.startswith("DSpark") and "whole" not in m]
+        dspark = next((r for r in same if hyb and r.planner == hyb.planner), same[0] if same else None)
 
         def ratio(a, base):
             return f"{a.tokens_per_second / base.tokens_per_second:.2f}×" if a and base else "n/a"

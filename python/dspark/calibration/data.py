@@ -232,6 +232,8 @@ class _Collector:
             self.chained(rec)
         if rec.conf_logit is None:
             raise ValueError("drafter: calibration needs a drafter with a confidence head")
+        if rec.lookup_rows is not None:  # its rows may verify lookup drafts, not the drafter's
+            raise RuntimeError("calibration: run the decoder without lookup (lookup=False)")
         R, g = rec.draft_tokens.shape
         vl = rec.verify_len.tolist()
         if any(v != g + 1 for v in vl):  # a shorter verify would censor the labels of the unverified drafts

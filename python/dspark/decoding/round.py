@@ -119,7 +119,8 @@ class RoundState:
 
     requests: list[Request]
     anchors: Tensor  # (R,) int64, host
-    slots: int  # g; 0 for a plain-decoding round
+    slots: int  # g: the round's draft width; 0 for a plain-decoding round
+    draft_slots: int = 0  # slots the drafter drafts (<= g: lookup blocks may be wider than the drafter's)
     proposal: DraftProposal | None = None
     sample: MarkovSample | None = None
     draft_logits: Tensor | None = None  # (R, g, V) float32, finite (sanitised)
@@ -150,14 +151,16 @@ class RoundState:
 def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> None:
     """One round for the running ``requests``: each step is one call, timed under its stage name."""
     stats = call.stats
-    r = RoundState(requests, torch.tensor([q.anchor for q in requests]), drafted_slots(engine, call))
+    drafted = drafted_slots(engine, call)
+    width = engine.gamma if call.lookup else drafted
+    r = RoundState(requests, torch.tensor([q.anchor for q in requests]), width, drafted)
     if r.slots:
         draft_offset = call.take_offset()
         with stats.stage("lookup"):
             look_up_drafts(engine, call, r)
         if r.run_drafter:
             with stats.stage("draft"):
-                r.proposal = engine.drafter.propose(r.ids, r.anchors, num_positions=r.slots)
+                r.proposal = engine.drafter.propose(r.ids, r.anchors, num_positions=r.draft_slots)
             with stats.stage("markov_sample"):
                 markov_sample(engine, call.sampling, draft_offset, r)
             with stats.stage("confidence"):
@@ -201,7 +204,7 @@ def look_up_drafts(engine: Engine, call: CallState, r: RoundState) -> None:
     if not call.drafting:
         return
     rates = engine.planner.relative_rates(len(r.requests), r.slots)
-    sure = drafter_survival(torch.ones(len(r.requests)), engine.draft_acceptance, r.slots)
+    sure = drafter_survival(torch.ones(len(r.requests)), engine.draft_acceptance, r.draft_slots, r.slots)
     wins = block_scores(r.lookup.survival, rates) > block_scores(sure, rates)
     r.decided = [bool(w) and n > 0 for w, n in zip(wins.tolist(), r.lookup.lengths, strict=True)]
     r.run_drafter = not all(r.decided)
@@ -224,7 +227,7 @@ def markov_sample(engine: Engine, sampling: SamplingConfig, offset: int, r: Roun
 
 def confidence(engine: Engine, r: RoundState) -> None:
     """Survival ``(R, g)`` of the drafts from the confidence head (none for a drafter without one)."""
-    g = r.slots
+    g = r.draft_slots
     sts = None if engine.sts is None else engine.sts[:g]
     bias = None if engine.sts_bias is None else engine.sts_bias[:g]
     scored = engine.drafter.score(r.proposal.hidden, r.sample.prev_emb, sts, bias)
@@ -256,18 +259,23 @@ def choose_sources(engine: Engine, r: RoundState) -> None:
         r.draft_tokens, r.survival = lookup_tokens, lookup_survival
         r.verify_cap = to_device([n + 1 for n in lk.lengths], dev, torch.int32)
         return
+    d = r.draft_slots
     first = r.survival[:, 0] if r.survival is not None else None
     if first is None:  # no confidence head: the drafter's first slot is scored by its history
         first = engine.draft_acceptance.survival([DRAFTER_CLASS], [1], 1)[0].to(dev).expand(R)
-    drafter_block = drafter_survival(first, engine.draft_acceptance, g)
+    drafter_block = drafter_survival(first, engine.draft_acceptance, d, g)
     rates = engine.planner.relative_rates(R, g)
     better = block_scores(lookup_survival, rates) > block_scores(drafter_block, rates)
     use = (better & to_device(has_block, dev, torch.bool)) | to_device(r.decided, dev, torch.bool)
     r.one_hot = use
     lookup_cap = to_device([n + 1 for n in lk.lengths], dev, torch.int32)
-    r.verify_cap = torch.where(use, lookup_cap, torch.full_like(lookup_cap, g + 1))
-    r.draft_tokens = torch.where(use[:, None], lookup_tokens, r.sample.tokens)
-    own = r.survival if r.survival is not None else drafter_block
+    r.verify_cap = torch.where(use, lookup_cap, torch.full_like(lookup_cap, d + 1))
+    own_tokens, own = r.sample.tokens, r.survival if r.survival is not None else drafter_block[:, :d]
+    if d < g:  # the drafter drafted fewer slots than the lookup proposes: pad (never verified: verify_cap)
+        own_tokens = torch.nn.functional.pad(own_tokens, (0, g - d))
+        own = torch.nn.functional.pad(own, (0, g - d))
+        r.draft_logits = torch.nn.functional.pad(r.draft_logits, (0, 0, 0, g - d))
+    r.draft_tokens = torch.where(use[:, None], lookup_tokens, own_tokens)
     r.survival = torch.where(use[:, None], lookup_survival, own).contiguous()
 
 
@@ -293,7 +301,9 @@ def plan(engine: Engine, call: CallState, r: RoundState) -> None:
     if one_hot_h is not None:
         r.one_hot_host = one_hot_h.tolist()
     if engine.adaptive_slots and call.drafting:  # next round: one past the most this plan verified, at most γ
-        call.slots = min(engine.gamma, int(r.verify_len.max()))
+        own = [v for i, v in enumerate(r.verify_len.tolist()) if not (r.one_hot_host and r.one_hot_host[i])]
+        if own:  # the drafter's blocks only: lookup blocks do not widen the drafter's
+            call.slots = min(engine.gamma, max(own))
 
 
 def verify(engine: Engine, r: RoundState) -> None:

@@ -74,10 +74,11 @@ def look_up(requests: list[Request], width: int, table: AcceptanceTable) -> Look
     return LookupBlock(tokens, lengths, matches, proposals, survival)
 
 
-def drafter_survival(first: Tensor, table: AcceptanceTable, width: int) -> Tensor:
-    """Predicted survival ``(R, width)`` of a drafter block from its first slot's survival ``first`` ``(R,)``:
-    ``first · a(2) · … · a(j + 1)`` with ``a`` the drafter's conditional acceptance of the later slots."""
-    later = table.survival([DRAFTER_CLASS], [width], width)[0].to(first.device)  # a(1)·…·a(j+1)
+def drafter_survival(first: Tensor, table: AcceptanceTable, slots: int, width: int) -> Tensor:
+    """Predicted survival ``(R, width)`` of a drafter block of ``slots`` drafts from its first slot's survival
+    ``first`` ``(R,)``: ``first · a(2) · … · a(j + 1)`` with ``a`` the drafter's conditional acceptance of the
+    later slots; 0 past ``slots``."""
+    later = table.survival([DRAFTER_CLASS], [slots], width)[0].to(first.device)  # a(1)·…·a(j+1)
     tail = later / later[:1].clamp_min(1e-12)  # drop a(1): the first slot's survival is ``first``
     return first.float()[:, None] * tail[None, :]
 
