@@ -148,6 +148,27 @@ def test_greedy_equals_the_target_greedy(with_drafter, mode):
     assert out.stats.sources["lookup"]["request_rounds"] > 0
 
 
+@pytest.mark.parametrize(
+    "with_drafter,mode,per_round",
+    [
+        (False, "full", 1),  # lookup alone: proposals, lengths and sources are on the host
+        (False, "early_stop", 2),  # + the plan
+        (True, "full", 2),  # hybrid: the sources are chosen on the device, read with the verify lengths
+        (True, "early_stop", 2),
+    ],
+)
+def test_host_reads_per_round(with_drafter, mode, per_round):
+    target = tiny_target("llama", vocab=64)
+    drafter = random_drafter(target, block_size=4) if with_drafter else None
+    dec = DSparkDecoder(target, drafter, planner=Planner(mode, batch_sps(2, 4)), lookup=True, block_size=4)
+    try:
+        out = dec.generate([[1, 2, 3, 1, 2, 3, 1, 2], [9, 8, 7]], max_new_tokens=10, eos_token_id=[])
+    finally:
+        dec.close()
+    rounds = out.stats.rounds
+    assert rounds > 0 and dec.host.syncs == 1 + per_round * rounds  # + 1: the prefill's first tokens
+
+
 def test_stats_count_each_source_and_the_shares_add_up():
     target = tiny_target("llama", vocab=64)
     dec = DSparkDecoder(target, random_drafter(target, block_size=4), lookup=True)

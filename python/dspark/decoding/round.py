@@ -257,7 +257,7 @@ def choose_sources(engine: Engine, r: RoundState) -> None:
         r.one_hot_host = has_block
         r.one_hot = to_device(has_block, dev, torch.bool)
         r.draft_tokens, r.survival = lookup_tokens, lookup_survival
-        r.verify_cap = to_device([n + 1 for n in lk.lengths], dev, torch.int32)
+        r.verify_cap = torch.tensor([n + 1 for n in lk.lengths], dtype=torch.int32)  # host: known here
         return
     d = r.draft_slots
     first = r.survival[:, 0] if r.survival is not None else None
@@ -289,10 +289,13 @@ def plan(engine: Engine, call: CallState, r: RoundState) -> None:
     result = engine.planner.plan(r.survival, r.ids)
     if result.mode == "full" and r.verify_cap is None:  # every draft is verified: nothing to read
         return
-    verify_len, budget = result.verify_len, result.budget
-    if r.verify_cap is not None:  # a lookup block may hold fewer than g drafts
+    verify_len, budget, cap = result.verify_len, result.budget, r.verify_cap
+    if cap is not None:  # a lookup block may hold fewer than g drafts
+        if result.mode == "full" and r.one_hot_host is not None:  # lengths and sources on the host: no read
+            r.verify_len, r.budget = cap, int(cap.sum()) - R
+            return
         full = result.mode == "full"
-        verify_len = r.verify_cap if full else torch.minimum(verify_len, r.verify_cap)
+        verify_len = cap if full else torch.minimum(verify_len, to_device(cap, verify_len.device))
         budget = verify_len.sum() - R
     one_hot = r.one_hot if r.one_hot_host is None else None  # chosen on the device: read with the plan
     r.verify_len, budget, one_hot_h = engine.host.fetch(verify_len, budget, one_hot)
