@@ -240,3 +240,23 @@ def test_lookup_without_history_decodes_plainly():
         dec.close()
     ref = target.generate(torch.tensor([[3]]), max_new_tokens=3, do_sample=False)
     assert out.sequences[0] == ref[0, 1:].tolist()
+
+
+def test_lookup_decoding_prices_rounds_without_the_drafter():
+    from dspark.profiling import CostTable, DraftCost, VerifyCost
+
+    table = CostTable(
+        verify=(VerifyCost(1, 1, 10.0), VerifyCost(1, 2, 12.0), VerifyCost(1, 4, 16.0)),
+        draft=(DraftCost(1, 5.0),),
+        block_size=4,
+    )
+    target = tiny_target("llama", vocab=64)
+    alone = DSparkDecoder(target, None, lookup=True, sps_table=table)
+    hybrid = DSparkDecoder(target, random_drafter(target, block_size=4), lookup=True, sps_table=table)
+    try:
+        assert not alone.planner.draft_cost and hybrid.planner.draft_cost
+        assert alone.planner.relative_rates(1, 1).tolist() == pytest.approx([1.0, 10 / 12])
+        assert hybrid.planner.relative_rates(1, 1).tolist() == pytest.approx([1.0, 15 / 17])
+    finally:
+        alone.close()
+        hybrid.close()

@@ -246,3 +246,17 @@ def test_cost_table_refuses_bad_objects():
         TABLE.to_sps(0)
     with pytest.raises(TypeError, match="sps_table must be"):
         Planner("early_stop", 42)
+
+
+def test_rounds_without_a_drafter_are_priced_by_the_verify_alone():
+    # R = 1: verify 10 / 12 / 16 ms at B = 1 / 2 / 4 (interpolated at 3), drafter 5 ms
+    with_draft = TABLE.to_sps(1)
+    verify_only = TABLE.to_sps(1, include_draft=False)
+    assert verify_only.sample_batch_tokens == with_draft.sample_batch_tokens == (1, 2, 3, 4)
+    assert verify_only.sample_steps_per_sec == pytest.approx(rates((10.0, 12.0, 14.0, 16.0)))
+    assert with_draft.sample_steps_per_sec == pytest.approx(rates((15.0, 17.0, 19.0, 21.0)))
+    # the planner of lookup decoding prices its rounds the same way
+    lookup = Planner("early_stop", TABLE, draft_cost=False)
+    assert lookup.relative_rates(1, 3).tolist() == pytest.approx([1.0, 10 / 12, 10 / 14, 10 / 16])
+    drafted = Planner("early_stop", TABLE)
+    assert drafted.relative_rates(1, 3).tolist() == pytest.approx([1.0, 15 / 17, 15 / 19, 15 / 21])

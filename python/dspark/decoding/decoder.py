@@ -146,7 +146,10 @@ class DSparkDecoder:
         self.planner = (
             planner
             if isinstance(planner, Planner)
-            else Planner(planner, sps_table, as_float("threshold", threshold), lag)
+            # lookup decoding runs no drafter: a cost table prices its rounds by the verify alone
+            else Planner(
+                planner, sps_table, as_float("threshold", threshold), lag, draft_cost=drafter is not None
+            )
         )
         sts_t, sts_b = load_sts(sts, max(gamma, 1))
         self.target = target

@@ -46,6 +46,9 @@ class Planner:
         Per-position confidence threshold of ``threshold`` mode.
     lag : int
         For ``lagged_topk``: how many rounds old the survival that sets the budget is (>= 1).
+    draft_cost : bool
+        With a cost table, price each round with the drafter's time (default); False for rounds that run no
+        drafter (lookup decoding), whose cost is the verify alone.
 
     Examples
     --------
@@ -62,6 +65,7 @@ class Planner:
         sps_table: SpsTable | CostTable | dict | str | Path | None = None,
         threshold: float = 0.0,
         lag: int = 1,
+        draft_cost: bool = True,
     ) -> None:
         if mode not in PLAN_MODES:
             raise ValueError(f"Planner: mode must be one of {PLAN_MODES}, got {mode!r}")
@@ -80,6 +84,7 @@ class Planner:
         elif isinstance(sps_table, dict):
             sps_table = SpsTable.from_dict(sps_table, source)
         self.cost_table: CostTable | None = None
+        self.draft_cost = bool(draft_cost)
         if sps_table is not None and not isinstance(sps_table, SpsTable):
             if not isinstance(sps_table, CostTable):
                 raise TypeError(
@@ -87,7 +92,7 @@ class Planner:
                     f"{type(sps_table).__name__}"
                 )
             self.cost_table = sps_table
-            sps_table = sps_table.to_sps()
+            sps_table = sps_table.to_sps(include_draft=self.draft_cost)
         self.mode = mode
         self.threshold = float(threshold)
         self.lag = int(lag)
@@ -111,7 +116,7 @@ class Planner:
         key = (device, num_requests if self.cost_table is not None else 0)
         if key not in self._tensors:
             if self.cost_table is not None:
-                table = self.cost_table.to_sps(max(1, num_requests))
+                table = self.cost_table.to_sps(max(1, num_requests), include_draft=self.draft_cost)
             else:
                 table = self.sps_table or SpsTable.flat()
             self._tensors[key] = table.tensors(device)
@@ -146,7 +151,9 @@ class Planner:
         key = ("rates", num_requests, width)
         if key not in self._rates:
             if self.effective_mode in ("early_stop", "lagged_topk"):
-                table = self.cost_table.to_sps(max(1, num_requests)) if self.cost_table else self.sps_table
+                table = self.sps_table
+                if self.cost_table is not None:
+                    table = self.cost_table.to_sps(max(1, num_requests), include_draft=self.draft_cost)
                 base = max(1, num_requests)
                 rel = [table.steps_per_sec(base + n) / table.steps_per_sec(base) for n in range(width + 1)]
             else:

@@ -245,7 +245,7 @@ class CostTable:
         return interp(xs, ys, b)
 
     # ---- the planner's curve ------------------------------------------------------------------------------------
-    def to_sps(self, num_requests: int | None = None) -> SpsTable:
+    def to_sps(self, num_requests: int | None = None, include_draft: bool = True) -> SpsTable:
         """The 1-D SPS curve: rounds per second against packed verify tokens ``B``.
 
         ``steps/sec(B) = 1000 / (draft_ms(R) + verify_ms(R, B))`` at every integer ``B`` of the measured range
@@ -258,6 +258,8 @@ class CostTable:
             over ``B`` in the profiled range of the smallest profiled batch size ``>= R``. With None: one curve
             for every batch in SGLang's sense, where a step of ``B`` tokens is run by the fewest profiled
             requests that can carry ``B`` (the smallest ``R`` whose measured ``B`` range reaches it).
+        include_draft : bool
+            False prices rounds that run no drafter (lookup decoding): verify time only.
 
         Returns
         -------
@@ -270,7 +272,7 @@ class CostTable:
                 raise ValueError(f"CostTable.to_sps: num_requests must be >= 1, got {num_requests}")
             r = self._ceil_r(self.batch_sizes, int(num_requests))
             xs, ys = self._points(r)
-            d = self.draft_ms(int(num_requests))
+            d = self.draft_ms(int(num_requests)) if include_draft else 0.0
             tokens = list(range(xs[0], xs[-1] + 1))
             times = [d + interp(xs, ys, b) for b in tokens]
         else:
@@ -280,7 +282,7 @@ class CostTable:
             for b in tokens:
                 # the smallest R reaching B; B below its first probe is priced at that probe (ceiling)
                 r, xs, ys = next((s for s in spans if s[1][-1] >= b), spans[-1])
-                times.append(self.draft_ms(r) + interp(xs, ys, b))
+                times.append((self.draft_ms(r) if include_draft else 0.0) + interp(xs, ys, b))
             times = isotonic(times)  # where R steps up, a larger R's smaller-B time may undercut
         rates = [1000.0 / t for t in times]
         return SpsTable(tuple(tokens), tuple(rates), max(top, tokens[-1]))
