@@ -6,16 +6,15 @@ import torch
 
 import dspark
 from dspark.reference import rejection_sample_ref
-from tests.ops.test_rejection_sample import (
+from tests.ops.test_rejection_sample import PROCS, rs_inputs
+from tests.ops.test_rejection_sample_one_hot import (
     ONE_HOT_MASKS,
-    PROCS,
     TINY_V,
     _chi_square_p,
     _emitted,
     _tiny_law,
     _tiny_round,
     onehot_inputs,
-    rs_inputs,
 )
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
