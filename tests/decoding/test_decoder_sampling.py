@@ -100,13 +100,19 @@ def run(planner, temperature, top_k=0, top_p=1.0, n=N, seed=0, drafter_dir=None,
         )
     finally:
         dec.close()
+    return (*score_first_three(out.sequences, table, temperature, top_k, top_p), out.stats)
+
+
+def score_first_three(sequences, table, temperature, top_k, top_p):
+    """(chi-square p-value, total variation) of the generated 3-token sequences against the exact joint."""
+    n = len(sequences)
     counts = {}
-    for s in out.sequences:
+    for s in sequences:
         counts[tuple(s)] = counts.get(tuple(s), 0) + 1
     probs = exact_joint(processed_probs(table, temperature, top_k, top_p))
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
     tv += 0.5 * sum(c / n for k, c in counts.items() if k not in probs)
-    return chi_square_p(counts, probs, n), tv, out.stats
+    return chi_square_p(counts, probs, n), tv
 
 
 SAMPLERS = ((0.7, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.8), (1.0, 0, 1.0))

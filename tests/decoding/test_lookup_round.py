@@ -25,9 +25,7 @@ from tests.decoding.test_decoder_sampling import (
     N,
     batch_sps,
     chain_table,
-    chi_square_p,
-    exact_joint,
-    processed_probs,
+    score_first_three,
 )
 from tests.decoding.toy_models import markov_chain_target, markov_drafter, random_drafter, tiny_target
 
@@ -68,13 +66,7 @@ def run(planner, temperature, top_k=0, top_p=1.0, drafter=True, n=N, seed=0, pri
         )
     finally:
         dec.close()
-    counts: dict = {}
-    for s in out.sequences:
-        counts[tuple(s)] = counts.get(tuple(s), 0) + 1
-    probs = exact_joint(processed_probs(table, temperature, top_k, top_p))
-    tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
-    tv += 0.5 * sum(c / n for k, c in counts.items() if k not in probs)
-    return chi_square_p(counts, probs, n), tv, out.stats
+    return (*score_first_three(out.sequences, table, temperature, top_k, top_p), out.stats)
 
 
 # each planner mode once in CI, each with a different sampler (T 0.7, top-k, top-p, T 1)

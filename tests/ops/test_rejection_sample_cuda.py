@@ -14,6 +14,7 @@ from tests.ops.test_rejection_sample_one_hot import (
     _emitted,
     _tiny_law,
     _tiny_round,
+    masked_draft_logits,
     onehot_inputs,
 )
 
@@ -60,13 +61,7 @@ def test_one_hot_cuda_equals_cpu(procs, dtype, mask):
     # deterministic proposals: mixed one-hot / normal requests (NaN in the one-hot requests' draft rows, never
     # read) and no draft_logits at all; ragged verify lengths, greedy and sampled rows, processors
     tl, qo, z, drafts, vl, temp = onehot_inputs(seed=21, dtype=dtype)
-    if mask == "no_draft_logits":
-        zz, kw = None, {}
-    else:
-        oh = ONE_HOT_MASKS[mask]
-        zz = z.clone()
-        zz[oh] = float("nan")
-        kw = {"draft_one_hot": oh}
+    zz, kw = masked_draft_logits(z, mask)
     kw.update(procs)
     for seed in range(3):
         cpu = dspark.ops.rejection_sample(tl, qo, zz, drafts, vl, temp, seed, 1, **kw)

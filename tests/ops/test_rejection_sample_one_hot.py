@@ -35,6 +35,17 @@ ONE_HOT_MASKS = {
 }
 
 
+def masked_draft_logits(z: Tensor, mask: str) -> tuple[Tensor | None, dict]:
+    """``(draft_logits, kwargs)`` for a mask of ONE_HOT_MASKS (NaN in the one-hot requests' rows, never read),
+    or no draft logits at all for ``"no_draft_logits"``."""
+    if mask == "no_draft_logits":
+        return None, {}
+    oh = ONE_HOT_MASKS[mask]
+    zz = z.clone()
+    zz[oh] = float("nan")
+    return zz, {"draft_one_hot": oh}
+
+
 @pytest.mark.parametrize("procs", PROCS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mask", ["mixed", "all", "none", "no_draft_logits"])
@@ -43,13 +54,7 @@ def test_one_hot_bit_equal_to_reference(procs, dtype, mask):
     # (never read, not checked)
     tl, qo, z, drafts, vl, temp = onehot_inputs(seed=21, dtype=dtype)
     ids = torch.tensor([7, 2**32 - 1, 0, 12, 99, 5])
-    if mask == "no_draft_logits":
-        zz, kw = None, {}
-    else:
-        oh = ONE_HOT_MASKS[mask]
-        zz = z.clone()
-        zz[oh] = float("nan")
-        kw = {"draft_one_hot": oh}
+    zz, kw = masked_draft_logits(z, mask)
     for seed in range(3):
         for ids_kw in ({}, {"request_ids": ids}):
             o = dspark.ops.rejection_sample(tl, qo, zz, drafts, vl, temp, seed, 3, **ids_kw, **kw, **procs)

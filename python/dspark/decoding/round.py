@@ -130,6 +130,9 @@ class RoundState:
     verify_len: Tensor | None = None  # (R,) int32, host
     budget: int = 0
     lookup: LookupBlock | None = None  # this round's lookup proposals (host)
+    lookup_score: Tensor | None = (
+        None  # (R,) host: the lookup blocks' predicted tokens per unit of verify cost
+    )
     decided: list[bool] | None = None  # requests that take the lookup block whatever the drafter's confidence
     run_drafter: bool = False
     draft_tokens: Tensor | None = None  # (R, g) int64 on the device: the drafts verified (either source)
@@ -205,7 +208,8 @@ def look_up_drafts(engine: Engine, call: CallState, r: RoundState) -> None:
         return
     rates = engine.planner.relative_rates(len(r.requests), r.slots)
     sure = drafter_survival(torch.ones(len(r.requests)), engine.draft_acceptance, r.draft_slots, r.slots)
-    wins = block_scores(r.lookup.survival, rates) > block_scores(sure, rates)
+    r.lookup_score = block_scores(r.lookup.survival, rates)
+    wins = r.lookup_score > block_scores(sure, rates)
     r.decided = [bool(w) and n > 0 for w, n in zip(wins.tolist(), r.lookup.lengths, strict=True)]
     r.run_drafter = not all(r.decided)
 
@@ -265,7 +269,7 @@ def choose_sources(engine: Engine, r: RoundState) -> None:
         first = engine.draft_acceptance.survival([DRAFTER_CLASS], [1], 1)[0].to(dev).expand(R)
     drafter_block = drafter_survival(first, engine.draft_acceptance, d, g)
     rates = engine.planner.relative_rates(R, g)
-    better = block_scores(lookup_survival, rates) > block_scores(drafter_block, rates)
+    better = to_device(r.lookup_score, dev) > block_scores(drafter_block, rates)
     use = (better & to_device(has_block, dev, torch.bool)) | to_device(r.decided, dev, torch.bool)
     r.one_hot = use
     lookup_cap = to_device([n + 1 for n in lk.lengths], dev, torch.int32)
