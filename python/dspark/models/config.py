@@ -101,6 +101,13 @@ class DrafterConfig:
     confidence_head_with_markov: bool = True
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+    # drafter v2 inputs (docs/drafter.md, "Copy channel"); all off in DeepSpec's checkpoints
+    copy_channel: bool = False  # the history's lookup continuation enters the block (copy_proj, copy_embed)
+    copy_min_match: int = 2  # the continuation's match rule (LookupConfig's min_match / max_match)
+    copy_max_match: int = 3
+    context_projection: bool = False  # context row a-1 projected (context_proj) into every block row
+    learned_mask: bool = False  # a trained MASK input (mask_embed) instead of mask_token_id's embedding
+    tap_norm: bool = False  # an RMSNorm per tapped layer before fc (tap_norm.weight, (m * H,))
     dtype: torch.dtype | None = None
     raw: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -185,6 +192,12 @@ class DrafterConfig:
             confidence_head_with_markov=get("confidence_head_with_markov", True),
             rms_norm_eps=get("rms_norm_eps", 1e-6),
             rope_theta=theta,
+            copy_channel=get("copy_channel", False),
+            copy_min_match=get("copy_min_match", 2),
+            copy_max_match=get("copy_max_match", 3),
+            context_projection=get("context_projection", False),
+            learned_mask=get("learned_mask", False),
+            tap_norm=get("tap_norm", False),
             dtype=dtype_from_name(d.get("dtype", d.get("torch_dtype"))),
             raw=copy.deepcopy(d),
         )
@@ -230,6 +243,11 @@ class DrafterConfig:
                 f"drafter config: target_layer_ids {ids} must stay below the target's last layer "
                 f"(num_target_layers = {self.num_target_layers}; its last hidden state is normed)"
             )
+        if self.copy_channel and not 1 <= self.copy_min_match <= self.copy_max_match:
+            raise ValueError(
+                f"drafter config: copy_min_match / copy_max_match must satisfy 1 <= min <= max, got "
+                f"{self.copy_min_match} / {self.copy_max_match}"
+            )
         if self.markov_rank < 0:
             raise ValueError(f"drafter config: markov_rank must be >= 0, got {self.markov_rank}")
         if self.has_markov and self.markov_head_type not in MARKOV_HEAD_TYPES:
@@ -268,6 +286,15 @@ class DrafterConfig:
         )
         if self.num_target_layers is not None:
             d["num_target_layers"] = self.num_target_layers
+        for key in V2_FIELDS:  # written only when on, so a DeepSpec drafter's config.json is unchanged
+            d.pop(key, None)
+        if self.copy_channel:
+            d.update(
+                copy_channel=True, copy_min_match=self.copy_min_match, copy_max_match=self.copy_max_match
+            )
+        for key in ("context_projection", "learned_mask", "tap_norm"):
+            if getattr(self, key):
+                d[key] = True
         if self.has_markov:
             d["markov_head_type"] = self.markov_head_type
         else:
@@ -303,7 +330,16 @@ class DrafterConfig:
             s[p + "mlp.up_proj.weight"] = (inter, H)
             s[p + "mlp.down_proj.weight"] = (H, inter)
         s["norm.weight"] = (H,)
+        if self.tap_norm:
+            s["tap_norm.weight"] = (self.num_taps * H,)
         s["fc.weight"] = (H, self.num_taps * H)
+        if self.copy_channel:
+            s["copy_proj.weight"] = (H, H)
+            s["copy_embed.weight"] = (self.copy_max_match + 1, H)
+        if self.context_projection:
+            s["context_proj.weight"] = (H, H)
+        if self.learned_mask:
+            s["mask_embed"] = (H,)
         s["hidden_norm.weight"] = (H,)
         if with_embeddings:
             s["lm_head.weight"] = (V, H)
@@ -321,6 +357,16 @@ class DrafterConfig:
             s["confidence_head.proj.bias"] = (1,)
         return s
 
+
+# the config keys of the drafter v2 inputs (absent from DeepSpec's configs)
+V2_FIELDS = (
+    "copy_channel",
+    "copy_min_match",
+    "copy_max_match",
+    "context_projection",
+    "learned_mask",
+    "tap_norm",
+)
 
 # field name -> (converter, expected), read off the dataclass annotations so a new field is checked too
 _FIELD_KINDS = {

@@ -20,13 +20,24 @@ from torch import Tensor
 class RequestContext:
     """Context K/V of one request (see the module docstring)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, first_position: int) -> None:
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype,
+        device,
+        first_position: int,
+        row_width: int = 0,
+    ) -> None:
         self.shape = (layers, kv_heads, head_dim)
         self.dtype, self.device = dtype, device
         self.first_position = first_position
         self.length = 0
         self.k = torch.empty(layers, 0, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
+        # the context rows themselves (row_width = H), for a drafter that reads row a-1 (context_projection)
+        self.rows = torch.empty(0, row_width, dtype=dtype, device=device) if row_width else None
 
     @property
     def next_position(self) -> int:
@@ -45,12 +56,29 @@ class RequestContext:
         k[:, : self.length] = self.k[:, : self.length]
         v[:, : self.length] = self.v[:, : self.length]
         self.k, self.v = k, v
+        if self.rows is not None:
+            rows = self.rows.new_empty(new_cap, self.rows.shape[1])
+            rows[: self.length] = self.rows[: self.length]
+            self.rows = rows
 
     def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> None:
         """Write rows ``[start, start + n)`` of one layer (``k, v``: ``(n, kv_heads, D)``)."""
         n = k.shape[0]
         self.k[layer, start : start + n] = k
         self.v[layer, start : start + n] = v
+
+    def write_rows(self, start: int, rows: Tensor) -> None:
+        """Keep context rows ``[start, start + n)`` (``(n, H)``) when this context holds rows (else a no-op)."""
+        if self.rows is not None:
+            self.rows[start : start + rows.shape[0]] = rows
+
+    def last_row(self) -> Tensor | None:
+        """Row ``length - 1`` ``(H,)`` (zeros for an empty context); None when rows are not kept."""
+        if self.rows is None:
+            return None
+        if self.length == 0:
+            return self.rows.new_zeros(self.rows.shape[1])
+        return self.rows[self.length - 1]
 
     def keys_values(self, layer: int, rows: int) -> tuple[Tensor, Tensor]:
         """Rows ``[0, rows)`` of one layer: ``(rows, kv_heads, D)`` each (views)."""

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from dspark.models import drafter_loading as loading
+from dspark.models.block_inputs import add_input_modules, context_rows
 from dspark.models.config import DrafterConfig
 from dspark.models.context import RequestContext
 from dspark.models.draft_vocab import DraftVocabTables, check_draft_vocab
@@ -68,6 +69,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
         self.confidence_head = (
             ConfidenceHead(H, c.confidence_input_rank) if c.enable_confidence_head else None
         )
+        add_input_modules(self, c)
         self.rotary_emb = Rotary(c.head_dim, c.rope_theta)
         self._shared: dict[str, nn.Module] = {}  # target modules aliased (not registered: not in state_dict)
         self._contexts: dict[int, RequestContext] = {}
@@ -243,6 +245,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
         share_embeddings: bool = True,
         dtype: torch.dtype | None = None,
         initializer_range: float | None = None,
+        **inputs: bool | int,
     ) -> DSparkDrafter:
         """A fresh (randomly initialised) drafter for an HF causal LM ``target``.
 
@@ -252,7 +255,9 @@ class DSparkDrafter(DraftSteps, nn.Module):
         and, by default, no confidence head). RoPE is the default kind at the target's ``rope_theta`` (a target's
         RoPE scaling is not copied). Weights use HF's default init (normal, ``initializer_range``).
         With ``share_embeddings`` the target's embedding and LM head are aliased (frozen in training by the
-        caller); otherwise they are copied.
+        caller); otherwise they are copied. ``inputs``: the v2 input flags of
+        :func:`~dspark.models.drafter_config.fresh_config` (``copy_channel``, ``context_projection``,
+        ``learned_mask``, ``tap_norm``, ``copy_min_match``, ``copy_max_match``; docs/drafter.md).
         """
         return new_drafter(
             cls,
@@ -272,6 +277,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
             num_attention_heads=num_attention_heads,
             num_key_value_heads=num_key_value_heads,
             head_dim=head_dim,
+            **inputs,
         )
 
     def _check_runtime(self, target: nn.Module) -> None:
@@ -324,7 +330,13 @@ class DSparkDrafter(DraftSteps, nn.Module):
     def _new_context(self, first_position: int) -> RequestContext:
         c = self.config
         return RequestContext(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device, first_position
+            c.num_hidden_layers,
+            c.num_key_value_heads,
+            c.head_dim,
+            self.dtype,
+            self.device,
+            first_position,
+            row_width=c.hidden_size if c.context_projection else 0,
         )
 
     @torch.no_grad()
@@ -378,7 +390,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
         if total == 0:
             return
         F_all = torch.cat([f.to(device=self.device, dtype=self.dtype) for f in features], 0)
-        ctx_rows = self.hidden_norm(self.fc(F_all))  # [N, H]
+        ctx_rows = context_rows(self, F_all)  # [N, H]
         pos = torch.cat(
             [torch.arange(s, s + n, device=self.device) for s, n in zip(starts, counts, strict=True)]
         )
@@ -391,5 +403,8 @@ class DSparkDrafter(DraftSteps, nn.Module):
             for ctx, n in zip(ctxs, counts, strict=True):
                 ctx.write(li, ctx.length, k[off : off + n], v[off : off + n])
                 off += n
+        off = 0
         for ctx, n in zip(ctxs, counts, strict=True):
+            ctx.write_rows(ctx.length, ctx_rows[off : off + n])  # kept only with context_projection
+            off += n
             ctx.length += n

@@ -11,6 +11,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from dspark.models.block_inputs import init_input_modules
 from dspark.models.config import DrafterConfig
 from dspark.models.pairing import target_text_config, validate_pairing
 
@@ -62,8 +63,15 @@ def fresh_config(
     num_attention_heads: int | None = None,
     num_key_value_heads: int | None = None,
     head_dim: int | None = None,
+    copy_channel: bool = False,
+    copy_min_match: int = 2,
+    copy_max_match: int = 3,
+    context_projection: bool = False,
+    learned_mask: bool = False,
+    tap_norm: bool = False,
 ) -> DrafterConfig:
-    """The config of a fresh drafter for ``target``, checked against it (arguments as in :func:`new_drafter`).
+    """The config of a fresh drafter for ``target``, checked against it (arguments as in :func:`new_drafter`;
+    the last six are the v2 inputs of ``dspark.models.block_inputs``, all off by default).
 
     Returns
     -------
@@ -103,6 +111,12 @@ def fresh_config(
         confidence_head_with_markov=confidence_head_with_markov,
         attention_bias=False,
         hidden_act="silu",
+        copy_channel=copy_channel,
+        copy_min_match=copy_min_match,
+        copy_max_match=copy_max_match,
+        context_projection=context_projection,
+        learned_mask=learned_mask,
+        tap_norm=tap_norm,
     )
     raw.pop("layer_types", None)
     # A fresh drafter uses default RoPE at the target's base frequency (scaled variants are not implemented).
@@ -161,6 +175,7 @@ def new_drafter(
             nn.init.normal_(m.weight, 0.0, std)
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
+    init_input_modules(model, t_embed.detach())
     if share_embeddings:
         model.share_target_embeddings(target)
     else:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from dspark.host_sync import to_device
 from dspark.models import cpu_linear
+from dspark.models.block_inputs import block_embeddings, copy_inputs
 from dspark.models.config import DrafterConfig
 from dspark.models.context import RequestContext
 from dspark.models.cpu_linear import weight_stationary_linears
@@ -71,14 +72,25 @@ class DraftSteps:
     _contexts: dict[int, RequestContext]
 
     def backbone(
-        self, anchors: Tensor, contexts: Sequence[RequestContext | None], starts: Sequence[int]
+        self,
+        anchors: Tensor,
+        contexts: Sequence[RequestContext | None],
+        starts: Sequence[int],
+        copy: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """Block forward for R requests: ``[anchor, MASK x (γ-1)]`` -> final-normed hidden ``(R, γ, H)``."""
+        """Block forward for R requests: ``[anchor, MASK x (γ-1)]`` (plus the v2 inputs of ``block_inputs``:
+        ``copy`` = ``(copy_tokens (R, γ-1), copy_match (R,))`` on the device) -> final-normed hidden
+        ``(R, γ, H)``."""
         c = self.config
         R, g = anchors.shape[0], c.block_size
-        tok = torch.full((R, g), c.mask_token_id, dtype=torch.int64, device=self.device)
-        tok[:, 0] = to_device(anchors, self.device)
-        x = F.embedding(tok.view(-1), self.embed_weight).to(self.dtype)  # [R*g, H]
+        last_rows = None
+        if c.context_projection:
+            zero = torch.zeros(c.hidden_size, dtype=self.dtype, device=self.device)
+            last_rows = torch.stack([zero if ctx is None else ctx.last_row() for ctx in contexts])
+        copy_tokens, copy_match = copy if copy is not None else (None, None)
+        x = block_embeddings(
+            self, to_device(anchors, self.device), self.embed_weight, copy_tokens, copy_match, last_rows
+        )  # [R*g, H]
         start_t = to_device(list(starts), self.device, torch.int64)
         pos = (start_t.unsqueeze(1) + torch.arange(g, device=self.device)).view(-1)
         cos, sin = self.rotary_emb.cos_sin(pos, self.dtype)
@@ -117,12 +129,33 @@ class DraftSteps:
         *,
         start_positions: Sequence[int] | None = None,
         num_positions: int | None = None,
+        copy_continuations: Sequence[Sequence[int]] | None = None,
+        copy_matches: Sequence[int] | None = None,
     ) -> DraftProposal:
         """Step 1 of a draft: the block forward and the LM head, ``U = lm_head(hidden)`` for ``g`` slots.
 
         Arguments as in :meth:`draft`. The backbone always runs the whole block; only the first ``g`` slots
         reach the LM head.
         """
+        copy = None
+        if self.config.copy_channel:
+            if copy_continuations is None or copy_matches is None:
+                raise ValueError(
+                    "copy_continuations / copy_matches: this drafter has a copy channel; pass each request's "
+                    "lookup continuation and match length (empty and 0 where there is none)"
+                )
+            n = len(request_ids)
+            if len(copy_continuations) != n or len(copy_matches) != n:
+                raise ValueError(
+                    f"copy_continuations / copy_matches: expected {n} entries (one per request), got "
+                    f"{len(copy_continuations)} / {len(copy_matches)}"
+                )
+            copy = copy_inputs(
+                [list(t) for t in copy_continuations],
+                [int(m) for m in copy_matches],
+                self.config.block_size,
+                self.device,
+            )
         ids_t = torch.as_tensor(
             request_ids.tolist() if isinstance(request_ids, Tensor) else list(request_ids), dtype=torch.int64
         )
@@ -155,7 +188,7 @@ class DraftSteps:
         vocab = self._vocab_tables()
         # fp32 CPU: few rows (γ per request) go faster transposed
         with weight_stationary_linears(self.modules()):
-            hidden = self.backbone(anchors, ctxs, starts)
+            hidden = self.backbone(anchors, ctxs, starts, copy)
             if g < hidden.shape[1]:
                 hidden = hidden[:, :g].contiguous()
             # [R, g, V], or [R, g, V'] over a draft vocabulary; 2-D rows: a sliced 3-D hidden can send
@@ -211,6 +244,8 @@ class DraftSteps:
         start_positions: Sequence[int] | None = None,
         return_base_logits: bool = False,
         num_positions: int | None = None,
+        copy_continuations: Sequence[Sequence[int]] | None = None,
+        copy_matches: Sequence[int] | None = None,
     ) -> DraftOutput:
         """One draft round for R requests: :meth:`propose`, :meth:`sample`, :meth:`score`.
 
@@ -237,8 +272,19 @@ class DraftSteps:
             sampling noise is keyed by position, so the result equals the first ``g`` slots of a full draft; the
             LM head, Markov sampling and confidence skip the rest. Outputs are ``(R, g, ...)`` and the STS
             vectors have ``g`` entries.
+        copy_continuations, copy_matches : optional
+            Required for a drafter with a copy channel: per request, the tokens that followed the most recent
+            earlier occurrence of its history's longest suffix of ``copy_min_match .. copy_max_match`` tokens
+            (``LookupIndex.propose``; empty for none) and that suffix's length (0 for none).
         """
-        p = self.propose(request_ids, anchors, start_positions=start_positions, num_positions=num_positions)
+        p = self.propose(
+            request_ids,
+            anchors,
+            start_positions=start_positions,
+            num_positions=num_positions,
+            copy_continuations=copy_continuations,
+            copy_matches=copy_matches,
+        )
         s = self.sample(p, temperature, seed, offset)
         base = None
         if return_base_logits:

@@ -42,6 +42,24 @@ def _regenerate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _answers(args: argparse.Namespace) -> int:
+    from dspark.models.loading import load_target
+    from dspark.training.answers import sharegpt_first_exchanges, write_dataset_answers
+
+    _, tok = load_target(args.target)
+    res = write_dataset_answers(
+        tok,
+        sharegpt_first_exchanges(),
+        args.out,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_response_tokens=args.max_response_tokens,
+        token_budget=args.token_budget,
+        limit=args.limit,
+    )
+    print(json.dumps(res))
+    return 0
+
+
 def _features(args: argparse.Namespace) -> int:
     from dspark.models.drafter import default_target_layer_ids
     from dspark.models.loading import load_target
@@ -201,6 +219,17 @@ def add_train_parser(sub) -> None:
         help="target dtype while generating (bfloat16 is ~1.7x faster on CPUs with AMX)",
     )
     r.set_defaults(fn=_regenerate)
+
+    a = st.add_parser(
+        "answers", help="rows from the answers ShareGPT already holds (the target is teacher-forced on them)"
+    )
+    a.add_argument("--target", default="smollm2", help="whose tokenizer and chat template")
+    a.add_argument("--out", required=True)
+    a.add_argument("--max-prompt-tokens", type=int, default=384)
+    a.add_argument("--max-response-tokens", type=int, default=512)
+    a.add_argument("--token-budget", type=int, default=None, help="stop at this many response tokens")
+    a.add_argument("--limit", type=int, default=None, help="conversations looked at")
+    a.set_defaults(fn=_answers)
 
     f = st.add_parser("features", help="cache the target's tapped features as bf16 safetensors shards")
     f.add_argument("--target", default="smollm2")

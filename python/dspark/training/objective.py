@@ -34,8 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dspark.models.block_inputs import block_embeddings, context_rows
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.heads import VanillaMarkovHead
+from dspark.training.copy_inputs import anchor_copy_inputs
 
 
 @dataclass
@@ -74,15 +76,23 @@ def block_hidden(drafter: DSparkDrafter, features: Tensor, input_ids: Tensor, an
     input_ids : Tensor
         ``(S,)`` int64.
     anchors : Tensor
-        ``(A,)`` int64 anchor positions in ``[0, S)``.
+        ``(A,)`` int64 anchor positions in ``[0, S)``, sorted.
+
+    The block inputs are ``block_inputs.block_embeddings``'s, as at serving time: with a copy channel each
+    anchor's lookup continuation over ``x[0 .. a]``, with a context projection the context row ``a - 1``.
     """
     c = drafter.config
     dev, dt = drafter.device, drafter.dtype
     S, A, g = input_ids.numel(), anchors.numel(), c.block_size
-    ctx = drafter.hidden_norm(drafter.fc(features.to(device=dev, dtype=dt)))  # [S, H]
-    tok = torch.full((A, g), c.mask_token_id, dtype=torch.int64, device=dev)
-    tok[:, 0] = input_ids[anchors].to(dev)
-    x = F.embedding(tok.view(-1), drafter.embed_weight).to(dt)  # [A*g, H]
+    ctx = context_rows(drafter, features.to(device=dev, dtype=dt))  # [S, H]
+    copy_tokens = copy_match = last_rows = None
+    if c.copy_channel:
+        copy_tokens, copy_match = (t.to(dev) for t in anchor_copy_inputs(input_ids.cpu(), anchors.cpu(), c))
+    if c.context_projection:  # row a-1; an anchor at 0 has no context (zeros, as serving gives)
+        prev = (anchors.to(dev) - 1).clamp_min(0)
+        last_rows = ctx[prev] * (anchors.to(dev) > 0).unsqueeze(1).to(ctx.dtype)
+    anchor_ids = input_ids.to(dev)[anchors.to(dev)]
+    x = block_embeddings(drafter, anchor_ids, drafter.embed_weight, copy_tokens, copy_match, last_rows)
     pos_b = (anchors.to(dev).unsqueeze(1) + torch.arange(g, device=dev)).view(-1)
     cos_b, sin_b = drafter.rotary_emb.cos_sin(pos_b, dt)
     cos_c, sin_c = drafter.rotary_emb.cos_sin(torch.arange(S, device=dev), dt)
