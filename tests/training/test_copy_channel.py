@@ -147,10 +147,14 @@ def test_neutral_v2_inputs_compute_the_deepspec_drafter(target):
     ids = _repetitive(40)
     feats, _ = target_features(target, ids, plain.config.target_layer_ids)
     anchors = torch.tensor([5, 22, 39])
-    torch.testing.assert_close(block_hidden(v2, feats, ids, anchors), block_hidden(plain, feats, ids, anchors))
+    torch.testing.assert_close(
+        block_hidden(v2, feats, ids, anchors), block_hidden(plain, feats, ids, anchors)
+    )
     with torch.no_grad():
         v2.copy_proj.weight.fill_(0.1)
-    assert (block_hidden(v2, feats, ids, anchors) - block_hidden(plain, feats, ids, anchors)).abs().max() > 1e-4
+    assert (
+        block_hidden(v2, feats, ids, anchors) - block_hidden(plain, feats, ids, anchors)
+    ).abs().max() > 1e-4
 
 
 def test_v2_checkpoint_round_trip_and_deepspec_config_unchanged(target, tmp_path):

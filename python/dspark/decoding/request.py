@@ -56,6 +56,7 @@ class Request:
     error: str | None = None  # why the request was dropped (it never fitted the KV pool)
     events: list[StreamEvent] = field(default_factory=list)
     lookup: LookupIndex | None = None  # prompt + committed tokens, indexed for lookup drafts (lookup on)
+    copy_index: LookupIndex | None = None  # the same for a drafter's copy channel (its own match rule)
 
     @property
     def generated(self) -> list[int]:
@@ -72,8 +73,9 @@ class Request:
     def commit(self, tokens: list[int]) -> list[int]:
         """Apply the stop rules to this round's tokens, queue their stream event; returns the tokens kept."""
         kept = self.stop.commit(tokens)
-        if self.lookup is not None:
-            self.lookup.extend(kept)
+        for index in (self.lookup, self.copy_index):
+            if index is not None:
+                index.extend(kept)
         if not self.stop.finished:
             self.anchor = kept[-1]
         text = self.stream.push(kept, final=self.stop.finished) if self.stream is not None else None

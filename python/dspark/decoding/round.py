@@ -26,7 +26,14 @@ from dspark.decoding.lookup import LookupConfig, LookupIndex
 from dspark.decoding.planner import Planner
 from dspark.decoding.request import Request
 from dspark.decoding.sampling import accept_drafts, sample_next
-from dspark.decoding.sources import DRAFTER_CLASS, LookupBlock, block_scores, drafter_survival, look_up
+from dspark.decoding.sources import (
+    DRAFTER_CLASS,
+    LookupBlock,
+    block_scores,
+    copy_continuations,
+    drafter_survival,
+    look_up,
+)
 from dspark.decoding.stats import DSparkStats
 from dspark.host_sync import HostReader, all_finite, rows_finite, sanitized, to_device
 from dspark.models.drafter import DraftProposal, DSparkDrafter
@@ -163,7 +170,9 @@ def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> No
             look_up_drafts(engine, call, r)
         if r.run_drafter:
             with stats.stage("draft"):
-                r.proposal = engine.drafter.propose(r.ids, r.anchors, num_positions=r.draft_slots)
+                r.proposal = engine.drafter.propose(
+                    r.ids, r.anchors, num_positions=r.draft_slots, **copy_continuations(engine, r.requests)
+                )
             with stats.stage("markov_sample"):
                 markov_sample(engine, call.sampling, draft_offset, r)
             with stats.stage("confidence"):
@@ -439,6 +448,10 @@ def prefill(engine: Engine, call: CallState, requests: list[Request]) -> None:
             if call.lookup and req.lookup is None:  # the index outlives a preemption, as the history does
                 req.lookup = LookupIndex(engine.lookup)
                 req.lookup.extend(req.prompt + req.generated)
+            if call.drafting and req.copy_index is None and engine.drafter.config.copy_channel:
+                c = engine.drafter.config
+                req.copy_index = LookupIndex(LookupConfig(c.copy_min_match, c.copy_max_match))
+                req.copy_index.extend(req.prompt + req.generated)
             engine.adapter.add_request(req.rid)
         with call.stats.stage("verify"):
             batch = [(req.rid, req.prompt + req.generated[:-1], "last") for req in requests]

@@ -24,7 +24,7 @@ from torch import Tensor
 from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.request import Request
 
-__all__ = ["LookupBlock", "block_scores", "drafter_survival", "look_up"]
+__all__ = ["LookupBlock", "block_scores", "copy_continuations", "drafter_survival", "look_up"]
 
 # the drafter's conditional acceptance has one class (lookup tables have one per match length)
 DRAFTER_CLASS = 0
@@ -72,6 +72,20 @@ def look_up(requests: list[Request], width: int, table: AcceptanceTable) -> Look
             tokens[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
     survival = table.survival(matches, lengths, width)
     return LookupBlock(tokens, lengths, matches, proposals, survival)
+
+
+def copy_continuations(engine, requests: list[Request]) -> dict:
+    """The ``propose`` arguments of a drafter with a copy channel (each request's continuation over its history
+    and its match length; ``dspark.models.block_inputs``), or none for a drafter without one."""
+    c = engine.drafter.config
+    if not c.copy_channel:
+        return {}
+    conts, matches = [], []
+    for req in requests:
+        cont = req.copy_index.propose(c.block_size - 1)
+        conts.append(cont)
+        matches.append(req.copy_index.match_length if cont else 0)
+    return {"copy_continuations": conts, "copy_matches": matches}
 
 
 def drafter_survival(first: Tensor, table: AcceptanceTable, slots: int, width: int) -> Tensor:

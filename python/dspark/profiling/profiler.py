@@ -224,7 +224,7 @@ def _drafter_jobs(
             (
                 f"draft R={r}",
                 lambda ids=ids, anchors=anchors: drafter.draft(
-                    ids, anchors, temperature, int(seed), next(offsets)
+                    ids, anchors, temperature, int(seed), next(offsets), **no_copies(drafter, len(ids))
                 ),
                 lambda: None,
             )
@@ -233,6 +233,11 @@ def _drafter_jobs(
             (f"append R={r}", lambda ids=ids, feats=feats: drafter.append_context(ids, feats), rollback)
         )
     return jobs
+
+
+def no_copies(drafter, n: int) -> dict:
+    """``draft`` arguments of a copy-channel drafter with no continuation (its cost does not depend on them)."""
+    return {"copy_continuations": [[]] * n, "copy_matches": [0] * n} if drafter.config.copy_channel else {}
 
 
 def _time_passes(
