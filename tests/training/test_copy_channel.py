@@ -179,3 +179,22 @@ def test_copy_drafter_needs_its_continuations(target):
     with pytest.raises(ValueError, match="expected 1 entries"):
         d.draft([1], torch.tensor([4]), copy_continuations=[[], []], copy_matches=[0, 0])
     d.finish_all()
+
+
+def test_init_from_a_deepspec_drafter_starts_the_v2_inputs_neutral(target, tmp_path):
+    from dspark.training.trainer import load_drafter_weights
+
+    plain = _drafter(target)
+    plain.save_pretrained(tmp_path / "plain", include_embeddings=False)
+    v2 = _drafter(target, seed=5, copy_channel=True, context_projection=True, learned_mask=True)
+    load_drafter_weights(v2, tmp_path / "plain", "--init-from", allow_missing_inputs=True)
+    ids = _repetitive(40)
+    feats, _ = target_features(target, ids, plain.config.target_layer_ids)
+    anchors = torch.tensor([5, 22, 39])
+    torch.testing.assert_close(
+        block_hidden(v2, feats, ids, anchors), block_hidden(plain, feats, ids, anchors)
+    )
+    with pytest.raises(ValueError, match="context_proj"):  # not allowed unless asked
+        load_drafter_weights(_drafter(target, context_projection=True), tmp_path / "plain")
+    with pytest.raises(ValueError, match="tap_norm"):  # cannot start neutral: never filled in
+        load_drafter_weights(_drafter(target, tap_norm=True), tmp_path / "plain", allow_missing_inputs=True)

@@ -116,12 +116,17 @@ def _fit(args: argparse.Namespace) -> int:
         target_layer_ids=cache.layer_ids,
         markov_rank=args.markov_rank,
         enable_confidence_head=False if args.no_confidence else None,
+        copy_channel=args.copy_channel,
+        context_projection=args.context_projection,
+        learned_mask=args.learned_mask,
+        tap_norm=args.tap_norm,
     )
     rms = None
     if args.feature_scaling:  # per-channel RMS of (up to) 64 cached sequences
         rms = feature_rms([cache[i].features for i in range(min(64, len(cache)))])
     if args.init_from is not None:
-        load_drafter_weights(drafter, args.init_from, what="--init-from")
+        # a DeepSpec drafter's weights in a v2 drafter: the v2 inputs start neutral (same drafts until trained)
+        load_drafter_weights(drafter, args.init_from, what="--init-from", allow_missing_inputs=True)
     else:
         init_from_target(drafter, target, args.init, rms)
     n = len(cache)
@@ -315,6 +320,16 @@ def add_train_parser(sub) -> None:
         default="random",
         help="start the Markov head as a low-rank bigram model of the training responses (docs/training.md)",
     )
+    for flag, what in (
+        (
+            "--copy-channel",
+            "feed the block the history's lookup continuation (docs/drafter.md, Copy channel)",
+        ),
+        ("--context-projection", "add a projection of context row a-1 to every block row"),
+        ("--learned-mask", "a trained MASK input instead of mask_token_id's embedding"),
+        ("--tap-norm", "an RMSNorm per tapped layer before fc"),
+    ):
+        t.add_argument(flag, action="store_true", help=what)
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--l1-weight", type=float, default=0.9)
     t.add_argument(

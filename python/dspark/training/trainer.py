@@ -111,19 +111,37 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return best
 
 
-def load_drafter_weights(drafter: DSparkDrafter, path: str | os.PathLike, what: str = "resume") -> None:
+def load_drafter_weights(
+    drafter: DSparkDrafter,
+    path: str | os.PathLike,
+    what: str = "resume",
+    *,
+    allow_missing_inputs: bool = False,
+) -> None:
     """Load the weights of the drafter folder ``path`` (a ``final`` or ``checkpoint-*`` folder) into ``drafter``.
 
     The tensors must fit ``drafter``'s own layout (:func:`~dspark.models.checkpoint.check_tensors`): a folder of
     another architecture (depth, Markov rank, confidence head, tapped layers) raises ``ValueError`` naming
     ``what`` and the first missing, unexpected or mis-shaped tensor. The aliased target embedding / LM head are
     not part of a drafter folder and stay as they are.
+
+    ``allow_missing_inputs``: ``path`` may lack the v2 input tensors ``drafter`` has (``copy_proj``,
+    ``copy_embed``, ``context_proj``, ``mask_embed``; a DeepSpec drafter warm-starting a v2 one). They start
+    neutral (``block_inputs.init_input_modules`` with ``copy_proj`` at zero), so the drafter drafts what the
+    folder's did until training opens them. ``tap_norm`` changes what ``fc`` reads and cannot start neutral:
+    it is never allowed to be missing.
     """
+    from dspark.models.block_inputs import init_input_modules
     from dspark.models.checkpoint import check_tensors, read_tensors
 
     tensors = read_tensors(path)
-    check_tensors(drafter.config, tensors, where=f"{what}: {path}")
     own = drafter.state_dict()
+    missing = [k for k in own if k not in tensors]
+    neutral = ("copy_proj.weight", "copy_embed.weight", "context_proj.weight", "mask_embed")
+    if allow_missing_inputs and missing and all(k in neutral for k in missing):
+        init_input_modules(drafter, drafter.embed_weight.detach(), copy_identity=False)
+        tensors = {**tensors, **{k: own[k] for k in missing}}
+    check_tensors(drafter.config, tensors, where=f"{what}: {path}")
     drafter.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own}, strict=True)
 
 
