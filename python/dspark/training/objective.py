@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,7 @@ from dspark.models.block_inputs import block_embeddings, context_rows
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.heads import VanillaMarkovHead
 from dspark.training.copy_inputs import anchor_copy_inputs
+from dspark.training.features import Sample
 
 
 @dataclass
@@ -81,41 +83,78 @@ def block_hidden(drafter: DSparkDrafter, features: Tensor, input_ids: Tensor, an
     The block inputs are ``block_inputs.block_embeddings``'s, as at serving time: with a copy channel each
     anchor's lookup continuation over ``x[0 .. a]``, with a context projection the context row ``a - 1``.
     """
+    return packed_hidden(drafter, [features], [input_ids], [anchors])
+
+
+def packed_hidden(
+    drafter: DSparkDrafter, features: list[Tensor], input_ids: list[Tensor], anchors: list[Tensor]
+) -> Tensor:
+    """:func:`block_hidden` of several sequences at once: hidden ``(ΣA, γ, H)``, the sequences' anchors in order.
+
+    Every projection and MLP runs once over the rows of all sequences (flattened anchors); attention runs per
+    sequence (its blocks over its own context rows ``< a`` and their own block), so the result equals the
+    sequences' :func:`block_hidden` stacked (tested) and a batch of long and short sequences pads nothing.
+    ``features[i]`` ``(S_i, m*H)``, ``input_ids[i]`` ``(S_i,)``, ``anchors[i]`` ``(A_i,)`` sorted.
+    """
     c = drafter.config
     dev, dt = drafter.device, drafter.dtype
-    S, A, g = input_ids.numel(), anchors.numel(), c.block_size
-    ctx = context_rows(drafter, features.to(device=dev, dtype=dt))  # [S, H]
+    g = c.block_size
+    lengths = [int(t.numel()) for t in input_ids]
+    counts = [int(a.numel()) for a in anchors]
+    anchors = [a.to(dev) for a in anchors]
+    ctx = context_rows(drafter, torch.cat([f.to(device=dev, dtype=dt) for f in features]))  # [ΣS, H]
+    ctxs = ctx.split(lengths)
     copy_tokens = copy_match = last_rows = None
     if c.copy_channel:
-        copy_tokens, copy_match = (t.to(dev) for t in anchor_copy_inputs(input_ids.cpu(), anchors.cpu(), c))
+        pairs = [anchor_copy_inputs(i.cpu(), a.cpu(), c) for i, a in zip(input_ids, anchors, strict=True)]
+        copy_tokens = torch.cat([p[0] for p in pairs]).to(dev)
+        copy_match = torch.cat([p[1] for p in pairs]).to(dev)
     if c.context_projection:  # row a-1; an anchor at 0 has no context (zeros, as serving gives)
-        prev = (anchors.to(dev) - 1).clamp_min(0)
-        last_rows = ctx[prev] * (anchors.to(dev) > 0).unsqueeze(1).to(ctx.dtype)
-    anchor_ids = input_ids.to(dev)[anchors.to(dev)]
+        last_rows = torch.cat(
+            [
+                x[(a - 1).clamp_min(0)] * (a > 0).unsqueeze(1).to(x.dtype)
+                for x, a in zip(ctxs, anchors, strict=True)
+            ]
+        )
+    anchor_ids = torch.cat([i.to(dev)[a] for i, a in zip(input_ids, anchors, strict=True)])
     x = block_embeddings(drafter, anchor_ids, drafter.embed_weight, copy_tokens, copy_match, last_rows)
-    pos_b = (anchors.to(dev).unsqueeze(1) + torch.arange(g, device=dev)).view(-1)
+    pos_b = torch.cat([a.unsqueeze(1) + torch.arange(g, device=dev) for a in anchors]).view(-1)
     cos_b, sin_b = drafter.rotary_emb.cos_sin(pos_b, dt)
-    cos_c, sin_c = drafter.rotary_emb.cos_sin(torch.arange(S, device=dev), dt)
-    # mask [A*g, S + A*g]: context key s visible iff s < anchor; block keys only within the same block
-    owner = torch.arange(A, device=dev).repeat_interleave(g)
-    ctx_vis = torch.arange(S, device=dev).unsqueeze(0) < anchors.to(dev).repeat_interleave(g).unsqueeze(1)
-    blk_vis = owner.unsqueeze(1) == owner.unsqueeze(0)
-    mask = torch.cat([ctx_vis, blk_vis], 1).view(1, 1, A * g, S + A * g)
+    pos_c = torch.cat([torch.arange(n, device=dev) for n in lengths])
+    cos_c, sin_c = drafter.rotary_emb.cos_sin(pos_c, dt)
+    masks = []  # per sequence [A*g, S + A*g]: context key s visible iff s < anchor; block keys in-block only
+    for n, a in zip(lengths, anchors, strict=True):
+        owner = torch.arange(a.numel(), device=dev).repeat_interleave(g)
+        ctx_vis = torch.arange(n, device=dev).unsqueeze(0) < a.repeat_interleave(g).unsqueeze(1)
+        blk_vis = owner.unsqueeze(1) == owner.unsqueeze(0)
+        masks.append(torch.cat([ctx_vis, blk_vis], 1).view(1, 1, a.numel() * g, n + a.numel() * g))
     scale = c.head_dim**-0.5
+    rows_b = [k * g for k in counts]
     for layer in drafter.layers:
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q = attn.project_q(h, cos_b, sin_b)  # [A*g, nh, D]
+        q = attn.project_q(h, cos_b, sin_b)  # [ΣA*g, nh, D]
         kb, vb = attn.project_kv(h, cos_b, sin_b)
         kc, vc = attn.project_kv(ctx, cos_c, sin_c)
-        k = torch.cat([kc, kb], 0).transpose(0, 1).unsqueeze(0)
-        v = torch.cat([vc, vb], 0).transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0), k, v, attn_mask=mask, scale=scale, enable_gqa=True
-        )  # [1, nh, A*g, D]
-        x = x + attn.o_proj(o[0].transpose(0, 1).reshape(A * g, -1))
+        outs = []
+        for qi, kbi, vbi, kci, vci, m in zip(
+            q.split(rows_b),
+            kb.split(rows_b),
+            vb.split(rows_b),
+            kc.split(lengths),
+            vc.split(lengths),
+            masks,
+            strict=True,
+        ):
+            k = torch.cat([kci, kbi], 0).transpose(0, 1).unsqueeze(0)
+            v = torch.cat([vci, vbi], 0).transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(
+                qi.transpose(0, 1).unsqueeze(0), k, v, attn_mask=m, scale=scale, enable_gqa=True
+            )  # [1, nh, A*g, D]
+            outs.append(o[0].transpose(0, 1).reshape(qi.shape[0], -1))
+        x = x + attn.o_proj(torch.cat(outs))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return drafter.norm(x).view(A, g, -1)
+    return drafter.norm(x).view(sum(counts), g, -1)
 
 
 def block_labels(
@@ -169,17 +208,41 @@ def block_loss(
     fp32 log-normaliser per row (:class:`~dspark.training.features.FeatureCache`'s); with ``draft_ids`` it spares
     the whole-vocabulary product for ``p`` (ignored without ``draft_ids``).
     """
+    seq = Sample(input_ids, loss_mask, features, last_hidden, p_lse)
+    return packed_block_loss(drafter, [seq], [anchors], weights, compile_loss, lm_head, draft_ids)
+
+
+def packed_block_loss(
+    drafter: DSparkDrafter,
+    sequences: Sequence[Sample],
+    anchors: Sequence[Tensor],
+    weights: LossWeights | None = None,
+    compile_loss: bool = False,
+    lm_head: Tensor | None = None,
+    draft_ids: Tensor | None = None,
+) -> LossOutput:
+    """:func:`block_loss` of several sequences in one pass (flattened anchors, :func:`packed_hidden`).
+
+    Each term is still a mean over its own sequence's slots, and the returned ``loss`` and terms are the **sums**
+    over the sequences of those means (for one sequence: :func:`block_loss`'s values), so a packed step's
+    gradient equals the sum of the per-sequence gradients (tested). ``accept`` / ``counted`` / ``conf_pred`` pool
+    the slots of all sequences. ``sequences[i].p_lse`` is used when every sequence has one.
+    """
     w = weights or LossWeights()
     c = drafter.config
     dev = drafter.device
-    S, g = input_ids.numel(), c.block_size
-    ids = input_ids.to(dev)
-    anchors = anchors.to(dev)
-    hidden = block_hidden(drafter, features, ids, anchors)  # [A, g, H]
+    g = c.block_size
+    anchors = [a.to(dev) for a in anchors]
+    ids = [s.input_ids.to(dev) for s in sequences]
+    hidden = packed_hidden(drafter, [s.features for s in sequences], ids, anchors)  # [A, g, H]
     head_w = drafter.lm_head_weight if lm_head is None else lm_head
     dv = None if draft_ids is None else draft_ids.to(dev)
     U = F.linear(hidden, head_w if dv is None else head_w.index_select(0, dv))  # [A, g, V or V']
-    labels, counted, prev = block_labels(ids, loss_mask.to(dev), anchors, g)
+    parts = [
+        block_labels(i, s.loss_mask.to(dev), a, g) for i, s, a in zip(ids, sequences, anchors, strict=True)
+    ]
+    labels, counted, prev = (torch.cat([p[k] for p in parts]) for k in range(3))
+    seg = torch.cat([torch.full((a.numel(),), k, device=dev) for k, a in enumerate(anchors)])  # anchor -> seq
     head = drafter.markov_head
     bias = None
     if head is None:
@@ -198,15 +261,24 @@ def block_loss(
         else:
             z = head(U, prev, hidden)
     with torch.no_grad():
-        rows = (anchors.unsqueeze(1) + torch.arange(g, device=dev)).clamp(max=S - 1)  # [A, g]
-        if dv is not None and p_lse is not None:  # p at the draft ids only, fp32 like the cached normaliser
+        lengths = [i.numel() for i in ids]
+        offsets = torch.tensor([0, *lengths[:-1]], device=dev).cumsum(0)
+        rows = torch.cat(
+            [
+                o + (a.unsqueeze(1) + torch.arange(g, device=dev)).clamp(max=n - 1)
+                for o, a, n in zip(offsets, anchors, lengths, strict=True)
+            ]
+        )  # [A, g] rows of the concatenated sequences
+        last_hidden = torch.cat([s.last_hidden.to(dev) for s in sequences])
+        p_lse = None
+        if dv is not None and all(s.p_lse is not None for s in sequences):
+            # p at the draft ids only, fp32 like the cached normaliser
             with torch.autocast(dev.type, enabled=False):
                 w_p = drafter.lm_head_weight.index_select(0, dv).float()
-                p_logits = F.linear(last_hidden.to(dev)[rows].float(), w_p)
-            p_lse = p_lse.to(dev)[rows]
+                p_logits = F.linear(last_hidden[rows].float(), w_p)
+            p_lse = torch.cat([s.p_lse.to(dev) for s in sequences])[rows]
         else:
-            p_logits = F.linear(last_hidden.to(dev, head_w.dtype)[rows], head_w)
-            p_lse = None
+            p_logits = F.linear(last_hidden.to(head_w.dtype)[rows], head_w)
     ce_counted = counted
     if dv is None:
         terms = _compiled_terms(vocab_terms) if compile_loss else vocab_terms
@@ -223,19 +295,24 @@ def block_loss(
         terms = _compiled_terms(draft_vocab_terms) if compile_loss else draft_vocab_terms
         l1, ce, kl = terms(z, bias, p_logits, p_lse, labels.clamp_min(0))
     pos_w = torch.exp(-torch.arange(g, device=dev, dtype=torch.float32) / w.decay)
+    n_seq = len(sequences)
+
+    def seq_means(term: Tensor, wt: Tensor) -> Tensor:
+        """Σ over sequences of each sequence's weighted mean of ``term`` ``(A, g)``."""
+        num = term.new_zeros(n_seq).index_add(0, seg, (wt * term).sum(1))
+        den = wt.new_zeros(n_seq).index_add(0, seg, wt.sum(1))
+        return (num / den.clamp_min(1e-6)).sum()
+
     wt = counted.float() * pos_w
-    denom = wt.sum().clamp_min(1e-6)
-    wt_ce = ce_counted.float() * pos_w
-    ce_m = (wt_ce * ce).sum() / wt_ce.sum().clamp_min(1e-6)
-    l1_m = (wt * l1).sum() / denom
-    kl_m = (wt * kl).sum() / denom
+    ce_m = seq_means(ce, ce_counted.float() * pos_w)
+    l1_m = seq_means(l1, wt)
+    kl_m = seq_means(kl, wt)
     bce_m = torch.zeros((), device=dev)
     conf_pred = None
     if drafter.confidence_head is not None:
         logit = drafter.confidence_head.logits(hidden, prev_emb)
         tgt = (1 - 0.5 * l1.detach()).clamp(0, 1)
-        bce = F.binary_cross_entropy_with_logits(logit, tgt, reduction="none")
-        bce_m = (wt * bce).sum() / denom
+        bce_m = seq_means(F.binary_cross_entropy_with_logits(logit, tgt, reduction="none"), wt)
         with torch.no_grad():
             conf_pred = (torch.sigmoid(logit) * counted).sum(0) / counted.sum(0).clamp_min(1)
     loss = (

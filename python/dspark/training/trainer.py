@@ -21,7 +21,13 @@ import torch.distributed as dist
 
 from dspark.models.drafter import DSparkDrafter
 from dspark.training.features import FeatureCache
-from dspark.training.objective import LossWeights, block_loss, cosine_lr, sample_anchors, tau_estimate
+from dspark.training.objective import (
+    LossWeights,
+    cosine_lr,
+    packed_block_loss,
+    sample_anchors,
+    tau_estimate,
+)
 
 
 @dataclass
@@ -47,6 +53,9 @@ class TrainConfig:
     # token ids the drafter will draft from (its draft vocabulary): q is trained over these only and the
     # checkpoints carry them as draft_vocab.json; None trains over the whole vocabulary
     draft_vocab: list[int] | None = None
+    # one packed forward over each step's sequences (flattened anchors; the same gradient as one pass per
+    # sequence, tested): fewer, larger kernels, which is what a GPU needs
+    packed: bool = True
 
 
 def _rank_world() -> tuple[int, int]:
@@ -208,7 +217,7 @@ def train(
     acc_sum = torch.zeros(drafter.config.block_size, dtype=torch.float64)
     cnt_sum = torch.zeros(drafter.config.block_size, dtype=torch.float64)
     terms = torch.zeros(5, dtype=torch.float64)  # loss, ce, l1, bce, kl
-    autocast_bf16 = cfg.bf16 and drafter.device.type == "cpu"
+    autocast_bf16 = cfg.bf16  # on the drafter's device: CPU (AVX-512 BF16 / AMX) or CUDA
     # the LM head is frozen: cast it to the autocast dtype once instead of once per forward
     lm_head = drafter.lm_head_weight.detach().to(torch.bfloat16) if autocast_bf16 else None
     for step in range(start, cfg.steps):
@@ -217,25 +226,26 @@ def train(
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
         mine = batch_for(step)[rank::world]
+        seqs, anchor_sets = [], []
         for i in mine:
             s = cache[i]
             gen.manual_seed(cfg.seed * 1_000_003 + step * 131 + i)
             anchors = sample_anchors(s.loss_mask, cfg.num_anchors, gen)
-            if anchors.numel() == 0:
-                continue
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
-                lo = block_loss(
+            if anchors.numel():
+                seqs.append(s)
+                anchor_sets.append(anchors)
+        # one packed pass over this rank's sequences (or one pass per sequence): the same gradient
+        groups_of = [list(range(len(seqs)))] if cfg.packed else [[k] for k in range(len(seqs))]
+        for group in groups_of if seqs else []:
+            with torch.autocast(drafter.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
+                lo = packed_block_loss(
                     drafter,
-                    s.features,
-                    s.last_hidden,
-                    s.input_ids,
-                    s.loss_mask,
-                    anchors,
+                    [seqs[k] for k in group],
+                    [anchor_sets[k] for k in group],
                     cfg.weights,
                     compile_loss=cfg.compile_loss,
                     lm_head=lm_head,
                     draft_ids=draft_ids,
-                    p_lse=s.p_lse,
                 )
             (lo.loss / cfg.batch_seqs).backward()
             terms += torch.tensor(
