@@ -198,3 +198,21 @@ def test_init_from_a_deepspec_drafter_starts_the_v2_inputs_neutral(target, tmp_p
         load_drafter_weights(_drafter(target, context_projection=True), tmp_path / "plain")
     with pytest.raises(ValueError, match="tap_norm"):  # cannot start neutral: never filled in
         load_drafter_weights(_drafter(target, tap_norm=True), tmp_path / "plain", allow_missing_inputs=True)
+
+
+def test_sharded_save_reloads_bit_identically(target, tmp_path):
+    d = _drafter(target, **V2)
+    _perturb_inputs(d)
+    d.save_pretrained(tmp_path / "one")
+    d.save_pretrained(tmp_path / "sharded", max_shard_bytes=40_000)
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and not (tmp_path / "sharded" / "model.safetensors").exists()
+    assert all((tmp_path / "sharded" / s).stat().st_size < 40_000 + 2_000 for s in shards[:-1])
+    a = DSparkDrafter.from_pretrained(tmp_path / "one", target).state_dict()
+    b = DSparkDrafter.from_pretrained(tmp_path / "sharded", target).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    d.save_pretrained(tmp_path / "sharded")  # a later unsharded save leaves no stale shard or index behind
+    assert (
+        not list((tmp_path / "sharded").glob("model-*"))
+        and not (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    )

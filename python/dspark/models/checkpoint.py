@@ -136,8 +136,18 @@ def check_tensors(cfg: DrafterConfig, tensors: dict[str, Tensor], where: str = "
             )
 
 
-def write_checkpoint(path: str | os.PathLike, cfg: DrafterConfig, tensors: dict[str, Tensor]) -> None:
-    """Write ``config.json`` and a single ``model.safetensors`` (tensors made contiguous, storage unshared)."""
+def write_checkpoint(
+    path: str | os.PathLike,
+    cfg: DrafterConfig,
+    tensors: dict[str, Tensor],
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Write ``config.json`` and a single ``model.safetensors`` (tensors made contiguous, storage unshared).
+
+    ``max_shard_bytes``: when the tensors take more, write shards ``model-0000k-of-0000n.safetensors`` of at
+    most that size (a tensor larger than it gets a shard of its own) and HF's ``model.safetensors.index.json``
+    instead; ``read_tensors`` reads either.
+    """
     from safetensors.torch import save_file  # the ``hf`` extra
 
     root = Path(path)
@@ -151,17 +161,37 @@ def write_checkpoint(path: str | os.PathLike, cfg: DrafterConfig, tensors: dict[
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         flat[name] = t
-    save_file(flat, str(root / WEIGHTS_NAME), metadata={"format": "pt"})
-    # safetensors creates the file owner-only (0600); give it the permissions any other new file gets
+    for stale in root.glob("model-*-of-*.safetensors"):
+        stale.unlink()
+    index = root / INDEX_NAME
+    if index.exists():  # a stale index from an earlier sharded save would shadow the new weights
+        index.unlink()
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(root / WEIGHTS_NAME, 0o666 & ~umask)
+    total = sum(t.numel() * t.element_size() for t in flat.values())
+    if max_shard_bytes is None or total <= max_shard_bytes:
+        shards = {WEIGHTS_NAME: flat}
+    else:
+        (root / WEIGHTS_NAME).unlink(missing_ok=True)
+        groups: list[dict[str, Tensor]] = [{}]
+        size = 0
+        for name, t in flat.items():
+            n = t.numel() * t.element_size()
+            if groups[-1] and size + n > max_shard_bytes:
+                groups.append({})
+                size = 0
+            groups[-1][name] = t
+            size += n
+        shards = {f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors": g for k, g in enumerate(groups)}
+        weight_map = {name: file for file, g in shards.items() for name in g}
+        index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    for file, group in shards.items():
+        save_file(group, str(root / file), metadata={"format": "pt"})
+        # safetensors creates the file owner-only (0600); give it the permissions any other new file gets
+        os.chmod(root / file, 0o666 & ~umask)
     with open(root / CONFIG_NAME, "w") as f:
         json.dump(cfg.to_dict(), f, indent=2, sort_keys=True)
         f.write("\n")
-    index = root / INDEX_NAME
-    if index.exists():  # a stale index from an earlier sharded save would shadow nothing but confuse readers
-        index.unlink()
 
 
 def storage_dtype(tensors: dict[str, Tensor]) -> torch.dtype:

@@ -292,10 +292,15 @@ class DSparkDrafter(DraftSteps, nn.Module):
         """The DeepSpec-named tensors ``save_pretrained`` writes (shared embeddings included on request)."""
         return loading.checkpoint_tensors(self, include_embeddings)
 
-    def save_pretrained(self, path: str | os.PathLike, *, include_embeddings: bool = True) -> None:
+    def save_pretrained(
+        self, path: str | os.PathLike, *, include_embeddings: bool = True, max_shard_bytes: int | None = None
+    ) -> None:
         """Write ``config.json`` + ``model.safetensors`` in DeepSpec's layout (reloads bit-identically), and
-        ``draft_vocab.json`` when a draft vocabulary is set (a stale one in ``path`` is removed otherwise)."""
-        loading.save_pretrained(self, path, include_embeddings=include_embeddings)
+        ``draft_vocab.json`` when a draft vocabulary is set (a stale one in ``path`` is removed otherwise).
+        ``max_shard_bytes`` shards the weights (HF's ``model.safetensors.index.json``)."""
+        loading.save_pretrained(
+            self, path, include_embeddings=include_embeddings, max_shard_bytes=max_shard_bytes
+        )
 
     # ---- per-request context --------------------------------------------------------------------------------
     def features_from_hidden_states(self, hidden_states: Sequence[Tensor]) -> Tensor:

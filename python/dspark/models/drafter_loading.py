@@ -108,7 +108,13 @@ def checkpoint_tensors(model: nn.Module, include_embeddings: bool = True) -> dic
     return out
 
 
-def save_pretrained(model: nn.Module, path: str | os.PathLike, *, include_embeddings: bool = True) -> None:
+def save_pretrained(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    include_embeddings: bool = True,
+    max_shard_bytes: int | None = None,
+) -> None:
     """Write ``config.json`` + ``model.safetensors``, and ``draft_vocab.json`` or remove a stale one.
 
     Parameters
@@ -119,9 +125,11 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, include_embedd
         The folder.
     include_embeddings : bool
         As in :func:`checkpoint_tensors`.
+    max_shard_bytes : int, optional
+        Shard the weights into files of at most this size (``write_checkpoint``).
     """
     model.config.dtype = model.dtype
-    ckpt.write_checkpoint(path, model.config, checkpoint_tensors(model, include_embeddings))
+    ckpt.write_checkpoint(path, model.config, checkpoint_tensors(model, include_embeddings), max_shard_bytes)
     if model.draft_vocab is not None:
         save_draft_vocab(path, model.draft_vocab)
     else:

@@ -68,6 +68,7 @@ def _features(args: argparse.Namespace) -> int:
     from dspark.training.features import FeatureCache
 
     target, _ = load_target(args.target)
+    target.to(args.device)
     head = target.get_output_embeddings().weight.detach().float().clone()  # p_lse against the fp32 head
     target.to(getattr(torch, args.dtype))
     layers = args.layers or default_target_layer_ids(target_num_layers(target), args.taps)
@@ -106,6 +107,7 @@ def _fit(args: argparse.Namespace) -> int:
         distributed = True
     torch.manual_seed(args.seed)
     target, _ = load_target(args.target)
+    target.to(args.device)
     for p in target.parameters():
         p.requires_grad_(False)
     cache = FeatureCache(args.features)
@@ -148,6 +150,7 @@ def _fit(args: argparse.Namespace) -> int:
         seed=args.seed,
         log_every=args.log_every,
         save_every=args.save_every,
+        packed=not args.no_packed,
         weights=LossWeights(ce=args.ce_weight, l1=args.l1_weight, decay=args.decay, kl=args.kl_weight),
         draft_vocab=(
             None
@@ -248,6 +251,7 @@ def add_train_parser(sub) -> None:
         "list starts with it); default: 5 spread taps",
     )
     f.add_argument("--taps", type=int, default=5)
+    f.add_argument("--device", default="cpu", help="where the target runs (the cache is written on the host)")
     f.add_argument("--shard-size", type=int, default=128)
     f.add_argument("--limit", type=int, default=None)
     f.add_argument(
@@ -345,6 +349,12 @@ def add_train_parser(sub) -> None:
         "will draft from; saved with it (default: the whole vocabulary)",
     )
     t.add_argument("--save-bf16", action="store_true", help="store the final weights in bf16")
+    t.add_argument("--device", default="cpu", help="where the target and the drafter train (cpu, cuda)")
+    t.add_argument(
+        "--no-packed",
+        action="store_true",
+        help="one forward per sequence instead of one packed forward per step (same gradient)",
+    )
     t.add_argument("--holdout", type=int, default=0, help="last N cached sequences are not trained on")
     t.add_argument("--seed", type=int, default=42)
     t.add_argument("--log-every", type=int, default=10)

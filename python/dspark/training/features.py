@@ -213,8 +213,9 @@ class FeatureCache:
                 key = f"s{j}"
                 tensors[f"{key}.input_ids"] = torch.tensor(ids, dtype=torch.int32)
                 tensors[f"{key}.features"] = feats.to(dtype).contiguous().cpu()
-                tensors[f"{key}.last_hidden"] = last = last.to(dtype).contiguous().cpu()
-                tensors[f"{key}.p_lse"] = response_lse(head, last, len(r["prompt_ids"]))
+                last = last.to(dtype)  # p_lse is of the stored (rounded) hidden, on the target's device
+                tensors[f"{key}.last_hidden"] = last.contiguous().cpu()
+                tensors[f"{key}.p_lse"] = response_lse(head.to(last.device), last, len(r["prompt_ids"])).cpu()
                 metas.append(
                     {
                         "id": r["id"],
