@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.models.block_inputs import copy_inputs
 from dspark.models.config import DrafterConfig
 
 
@@ -35,11 +36,6 @@ def anchor_continuations(
 
 def anchor_copy_inputs(input_ids: Tensor, anchors: Tensor, config: DrafterConfig) -> tuple[Tensor, Tensor]:
     """:func:`anchor_continuations` as the ``copy_tokens`` ``(A, γ-1)`` (-1 padded) and ``copy_match`` ``(A,)``
-    int64 tensors of ``block_embeddings`` (host)."""
+    int64 tensors of ``block_embeddings`` (host), built as serving builds them (``block_inputs.copy_inputs``)."""
     conts, matches = anchor_continuations(input_ids, anchors, config)
-    g = config.block_size
-    tok = torch.full((len(conts), max(g - 1, 0)), -1, dtype=torch.int64)
-    for i, cont in enumerate(conts):
-        if cont:
-            tok[i, : len(cont)] = torch.tensor(cont[: g - 1], dtype=torch.int64)
-    return tok, torch.tensor(matches, dtype=torch.int64)
+    return copy_inputs(conts, matches, config.block_size, torch.device("cpu"))
