@@ -69,7 +69,7 @@ def _serve(d, feats, ids, a: int, rid: int):
     d.append_context([rid], [feats[:a]])
     index = LookupIndex(LookupConfig(d.config.copy_min_match, d.config.copy_max_match))
     index.extend(ids[: a + 1].tolist())
-    cont = index.propose(d.config.block_size - 1)
+    cont = index.propose(d.config.block_size)
     return d.draft(
         [rid],
         ids[a : a + 1],
@@ -130,7 +130,7 @@ def test_anchor_continuations_are_the_longest_recent_match(target):
         anchors = torch.arange(0, 60, 3)
         conts, matches = anchor_continuations(ids, anchors, d.config)
         for a, cont, m in zip(anchors.tolist(), conts, matches, strict=True):
-            want = _brute_force(ids[: a + 1].tolist(), 2, 3, d.config.block_size - 1)
+            want = _brute_force(ids[: a + 1].tolist(), 2, 3, d.config.block_size)
             assert cont == want
             assert (m > 0) == bool(cont)
 

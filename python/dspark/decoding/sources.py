@@ -82,7 +82,7 @@ def copy_continuations(engine, requests: list[Request]) -> dict:
         return {}
     conts, matches = [], []
     for req in requests:
-        cont = req.copy_index.propose(c.block_size - 1)
+        cont = req.copy_index.propose(c.block_size)
         conts.append(cont)
         matches.append(req.copy_index.match_length if cont else 0)
     return {"copy_continuations": conts, "copy_matches": matches}

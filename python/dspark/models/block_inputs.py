@@ -9,10 +9,12 @@ config flag (off in DeepSpec's checkpoints, which then compute exactly what they
   magnitude, and a few channels carry massive activations);
 * ``learned_mask``: a trained MASK vector ``mask_embed`` instead of the embedding of the real token
   ``mask_token_id``;
-* ``copy_channel``: the history's lookup continuation ``c_1 .. c_{γ-1}`` (the tokens that followed the most recent
+* ``copy_channel``: the history's lookup continuation ``c_1 .. c_γ`` (the tokens that followed the most recent
   earlier occurrence of the history's longest suffix of ``copy_min_match .. copy_max_match`` tokens; none where
-  the continuation is shorter) is added to slot ``j``'s input as ``copy_proj(E[c_j])``, and ``copy_embed[n]``
-  (``n`` the match length, 0 where slot ``j`` has no copied token) tells the block how sure the copy is;
+  the continuation is shorter) is added to slot ``j``'s input as ``copy_proj(E[c_{j+1}])`` — each slot carries
+  the copy's guess of its own label, ``x_{a+1+j}``, so that with an embedding tied to the LM head the residual
+  stream holds the copied token's logit direction directly — and ``copy_embed[n]`` (``n`` the match length, 0
+  where slot ``j`` has no copied token) tells the block how sure the copy is;
 * ``context_projection``: ``context_proj(row_{a-1})``, the last context row, added to every block row.
 
 The copy inputs are a function of the history alone, so drafting from them keeps the round exact (DESIGN §4.5).
@@ -101,8 +103,8 @@ def block_embeddings(
     embed : Tensor
         ``(V, H)``: the (shared) input embedding.
     copy_tokens : Tensor, optional
-        ``(N, γ-1)`` int64: the lookup continuation per block, ``-1`` where there is none. Read only with
-        ``copy_channel`` (None there: no copies).
+        ``(N, γ)`` int64: the lookup continuation per block (slot ``j`` reads entry ``j``), ``-1`` where there is
+        none. Read only with ``copy_channel`` (None there: no copies).
     copy_match : Tensor, optional
         ``(N,)`` int64: the continuation's match length (0: none), in ``[0, copy_max_match]``.
     last_rows : Tensor, optional
@@ -119,13 +121,11 @@ def block_embeddings(
         tok = torch.full((N, g), c.mask_token_id, dtype=torch.int64, device=dev)
         tok[:, 0] = anchors
         x = F.embedding(tok, embed).to(dt)
-    if c.copy_channel and copy_tokens is not None and g > 1:
-        has = copy_tokens >= 0  # [N, g-1]
+    if c.copy_channel and copy_tokens is not None:
+        has = copy_tokens >= 0  # [N, g]
         copied = F.embedding(copy_tokens.clamp_min(0), embed).to(dt) * has.unsqueeze(-1).to(dt)
         match = copy_match.to(dev).clamp(0, c.copy_max_match)
-        slot_match = torch.cat([match.unsqueeze(1), torch.where(has, match.unsqueeze(1), 0)], 1)  # [N, g]
-        x = x + torch.cat([torch.zeros_like(x[:, :1]), model.copy_proj(copied)], 1)
-        x = x + model.copy_embed(slot_match).to(dt)
+        x = x + model.copy_proj(copied) + model.copy_embed(torch.where(has, match.unsqueeze(1), 0)).to(dt)
     if c.context_projection and last_rows is not None:
         x = x + model.context_proj(last_rows.to(dt)).unsqueeze(1)
     return x.reshape(N * g, -1)
@@ -134,12 +134,12 @@ def block_embeddings(
 def copy_inputs(
     continuations: list[list[int]], matches: list[int], g: int, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """Host lookup continuations -> the ``copy_tokens`` ``(N, γ-1)`` (-1 padded) and ``copy_match`` ``(N,)``
+    """Host lookup continuations -> the ``copy_tokens`` ``(N, γ)`` (-1 padded) and ``copy_match`` ``(N,)``
     tensors :func:`block_embeddings` reads, built on the host and sent to ``device`` once."""
     N = len(continuations)
-    tok = torch.full((N, max(g - 1, 0)), -1, dtype=torch.int64)
+    tok = torch.full((N, g), -1, dtype=torch.int64)
     for i, cont in enumerate(continuations):
-        k = min(len(cont), g - 1)
+        k = min(len(cont), g)
         if k:
             tok[i, :k] = torch.tensor(cont[:k], dtype=torch.int64)
     match = torch.tensor([m if cont else 0 for m, cont in zip(matches, continuations, strict=True)])

@@ -79,7 +79,7 @@ class DraftSteps:
         copy: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Block forward for R requests: ``[anchor, MASK x (γ-1)]`` (plus the v2 inputs of ``block_inputs``:
-        ``copy`` = ``(copy_tokens (R, γ-1), copy_match (R,))`` on the device) -> final-normed hidden
+        ``copy`` = ``(copy_tokens (R, γ), copy_match (R,))`` on the device) -> final-normed hidden
         ``(R, γ, H)``."""
         c = self.config
         R, g = anchors.shape[0], c.block_size
@@ -273,9 +273,9 @@ class DraftSteps:
             LM head, Markov sampling and confidence skip the rest. Outputs are ``(R, g, ...)`` and the STS
             vectors have ``g`` entries.
         copy_continuations, copy_matches : optional
-            Required for a drafter with a copy channel: per request, the tokens that followed the most recent
-            earlier occurrence of its history's longest suffix of ``copy_min_match .. copy_max_match`` tokens
-            (``LookupIndex.propose``; empty for none) and that suffix's length (0 for none).
+            Required for a drafter with a copy channel: per request, the (up to γ) tokens that followed the most
+            recent earlier occurrence of its history's longest suffix of ``copy_min_match .. copy_max_match``
+            tokens (``LookupIndex.propose``; empty for none) and that suffix's length (0 for none).
         """
         p = self.propose(
             request_ids,

@@ -128,7 +128,13 @@ def _fit(args: argparse.Namespace) -> int:
         rms = feature_rms([cache[i].features for i in range(min(64, len(cache)))])
     if args.init_from is not None:
         # a DeepSpec drafter's weights in a v2 drafter: the v2 inputs start neutral (same drafts until trained)
-        load_drafter_weights(drafter, args.init_from, what="--init-from", allow_missing_inputs=True)
+        load_drafter_weights(
+            drafter,
+            args.init_from,
+            what="--init-from",
+            allow_missing_inputs=True,
+            copy_identity=args.copy_init == "identity",
+        )
     else:
         init_from_target(drafter, target, args.init, rms)
     n = len(cache)
@@ -334,6 +340,12 @@ def add_train_parser(sub) -> None:
         ("--tap-norm", "an RMSNorm per tapped layer before fc"),
     ):
         t.add_argument(flag, action="store_true", help=what)
+    t.add_argument(
+        "--copy-init",
+        choices=("identity", "zero"),
+        default="identity",
+        help="copy_proj's start when --init-from a drafter without a copy channel (zero: drafts as it did)",
+    )
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--l1-weight", type=float, default=0.9)
     t.add_argument(

@@ -2,7 +2,7 @@
 """The copy channel's inputs at training anchors: what the serving round's lookup index would hand the drafter.
 
 At serving time a request's history is its prompt plus its committed tokens, the anchor (the last committed
-token) included, and the copy continuation is ``LookupIndex.propose(γ - 1)`` over it
+token) included, and the copy continuation is ``LookupIndex.propose(γ)`` over it
 (``dspark.models.block_inputs``). At a training anchor ``a`` the history is ``x[0 .. a]``; the same index,
 extended token by token, gives the same continuation, so the training forward still equals the serving one.
 """
@@ -20,7 +20,7 @@ from dspark.models.config import DrafterConfig
 def anchor_continuations(
     input_ids: Tensor, anchors: Tensor, config: DrafterConfig
 ) -> tuple[list[list[int]], list[int]]:
-    """Per anchor, the lookup continuation (up to ``γ - 1`` tokens) of the history ``x[0 .. a]`` and its match
+    """Per anchor, the lookup continuation (up to ``γ`` tokens) of the history ``x[0 .. a]`` and its match
     length (0: none); ``input_ids`` ``(S,)``, ``anchors`` ``(A,)`` sorted."""
     index = LookupIndex(LookupConfig(config.copy_min_match, config.copy_max_match))
     ids = input_ids.tolist()
@@ -28,14 +28,14 @@ def anchor_continuations(
     for a in anchors.tolist():
         index.extend(ids[done : a + 1])
         done = a + 1
-        cont = index.propose(config.block_size - 1)
+        cont = index.propose(config.block_size)
         conts.append(cont)
         matches.append(index.match_length if cont else 0)
     return conts, matches
 
 
 def anchor_copy_inputs(input_ids: Tensor, anchors: Tensor, config: DrafterConfig) -> tuple[Tensor, Tensor]:
-    """:func:`anchor_continuations` as the ``copy_tokens`` ``(A, γ-1)`` (-1 padded) and ``copy_match`` ``(A,)``
+    """:func:`anchor_continuations` as the ``copy_tokens`` ``(A, γ)`` (-1 padded) and ``copy_match`` ``(A,)``
     int64 tensors of ``block_embeddings`` (host), built as serving builds them (``block_inputs.copy_inputs``)."""
     conts, matches = anchor_continuations(input_ids, anchors, config)
     return copy_inputs(conts, matches, config.block_size, torch.device("cpu"))

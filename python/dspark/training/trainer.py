@@ -126,6 +126,7 @@ def load_drafter_weights(
     what: str = "resume",
     *,
     allow_missing_inputs: bool = False,
+    copy_identity: bool = False,
 ) -> None:
     """Load the weights of the drafter folder ``path`` (a ``final`` or ``checkpoint-*`` folder) into ``drafter``.
 
@@ -137,8 +138,10 @@ def load_drafter_weights(
     ``allow_missing_inputs``: ``path`` may lack the v2 input tensors ``drafter`` has (``copy_proj``,
     ``copy_embed``, ``context_proj``, ``mask_embed``; a DeepSpec drafter warm-starting a v2 one). They start
     neutral (``block_inputs.init_input_modules`` with ``copy_proj`` at zero), so the drafter drafts what the
-    folder's did until training opens them. ``tap_norm`` changes what ``fc`` reads and cannot start neutral:
-    it is never allowed to be missing.
+    folder's did until training opens them; ``copy_identity`` starts ``copy_proj`` at the identity instead (a
+    copy prior: each slot's input then holds its copied token's embedding, which a tied LM head reads as that
+    token's logit). ``tap_norm`` changes what ``fc`` reads and cannot start neutral: it is never allowed to be
+    missing.
     """
     from dspark.models.block_inputs import init_input_modules
     from dspark.models.checkpoint import check_tensors, read_tensors
@@ -148,7 +151,7 @@ def load_drafter_weights(
     missing = [k for k in own if k not in tensors]
     neutral = ("copy_proj.weight", "copy_embed.weight", "context_proj.weight", "mask_embed")
     if allow_missing_inputs and missing and all(k in neutral for k in missing):
-        init_input_modules(drafter, drafter.embed_weight.detach(), copy_identity=False)
+        init_input_modules(drafter, drafter.embed_weight.detach(), copy_identity=copy_identity)
         tensors = {**tensors, **{k: own[k] for k in missing}}
     check_tensors(drafter.config, tensors, where=f"{what}: {path}")
     drafter.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own}, strict=True)
