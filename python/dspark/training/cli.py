@@ -24,7 +24,7 @@ def _regenerate(args: argparse.Namespace) -> int:
             "dspark train regenerate: no prompts (give --prompts FILE.jsonl and/or --sharegpt N)"
         )
     target, tok = load_target(args.target)
-    target.to(getattr(torch, args.dtype))
+    target.to(device=args.device, dtype=getattr(torch, args.dtype))
     res = regenerate(
         target,
         tok,
@@ -232,6 +232,7 @@ def add_train_parser(sub) -> None:
         default="float32",
         help="target dtype while generating (bfloat16 is ~1.7x faster on CPUs with AMX)",
     )
+    r.add_argument("--device", default="cpu", help="where the target generates (cpu, cuda)")
     r.set_defaults(fn=_regenerate)
 
     a = st.add_parser(
