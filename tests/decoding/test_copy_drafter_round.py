@@ -68,10 +68,10 @@ def test_copy_index_holds_the_requests_history(monkeypatch):
     seen = []
     real = round_mod.copy_continuations
 
-    def spy(engine, requests):
+    def spy(config, requests):
         for req in requests:
             seen.append((list(req.copy_index.history), req.prompt + req.generated))
-        return real(engine, requests)
+        return real(config, requests)
 
     monkeypatch.setattr(round_mod, "copy_continuations", spy)
     dec = DSparkDecoder(target, drafter, planner=Planner("full", batch_sps(2, 4)), block_size=4)
@@ -90,9 +90,7 @@ def test_copy_drafter_sampling_follows_the_target():
     target = markov_chain_target(table)
     drafter = copy_drafter(target, block_size=3)
     pattern = [START, 0, 1, 3, START, 0, 1, 3, START]  # repeats: the copy channel has matches
-    dec = DSparkDecoder(
-        target, drafter, planner=Planner("full"), max_batch_size=N, lookup=LookupConfig(1, 3)
-    )
+    dec = DSparkDecoder(target, drafter, planner=Planner("full"), max_batch_size=N, lookup=LookupConfig(1, 3))
     try:
         out = dec.generate([pattern] * N, max_new_tokens=3, temperature=1.0, eos_token_id=[], seed=0)
     finally:

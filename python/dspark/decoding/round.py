@@ -33,6 +33,7 @@ from dspark.decoding.sources import (
     copy_continuations,
     drafter_survival,
     look_up,
+    new_copy_index,
 )
 from dspark.decoding.stats import DSparkStats
 from dspark.host_sync import HostReader, all_finite, rows_finite, sanitized, to_device
@@ -171,7 +172,10 @@ def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> No
         if r.run_drafter:
             with stats.stage("draft"):
                 r.proposal = engine.drafter.propose(
-                    r.ids, r.anchors, num_positions=r.draft_slots, **copy_continuations(engine, r.requests)
+                    r.ids,
+                    r.anchors,
+                    num_positions=r.draft_slots,
+                    **copy_continuations(engine.drafter.config, r.requests),
                 )
             with stats.stage("markov_sample"):
                 markov_sample(engine, call.sampling, draft_offset, r)
@@ -449,9 +453,7 @@ def prefill(engine: Engine, call: CallState, requests: list[Request]) -> None:
                 req.lookup = LookupIndex(engine.lookup)
                 req.lookup.extend(req.prompt + req.generated)
             if call.drafting and req.copy_index is None and engine.drafter.config.copy_channel:
-                c = engine.drafter.config
-                req.copy_index = LookupIndex(LookupConfig(c.copy_min_match, c.copy_max_match))
-                req.copy_index.extend(req.prompt + req.generated)
+                req.copy_index = new_copy_index(engine.drafter.config, req.prompt + req.generated)
             engine.adapter.add_request(req.rid)
         with call.stats.stage("verify"):
             batch = [(req.rid, req.prompt + req.generated[:-1], "last") for req in requests]

@@ -22,9 +22,18 @@ import torch
 from torch import Tensor
 
 from dspark.decoding.acceptance import AcceptanceTable
+from dspark.decoding.lookup import LookupConfig, LookupIndex
 from dspark.decoding.request import Request
+from dspark.models.config import DrafterConfig
 
-__all__ = ["LookupBlock", "block_scores", "copy_continuations", "drafter_survival", "look_up"]
+__all__ = [
+    "LookupBlock",
+    "block_scores",
+    "copy_continuations",
+    "drafter_survival",
+    "look_up",
+    "new_copy_index",
+]
 
 # the drafter's conditional acceptance has one class (lookup tables have one per match length)
 DRAFTER_CLASS = 0
@@ -74,15 +83,21 @@ def look_up(requests: list[Request], width: int, table: AcceptanceTable) -> Look
     return LookupBlock(tokens, lengths, matches, proposals, survival)
 
 
-def copy_continuations(engine, requests: list[Request]) -> dict:
+def new_copy_index(config: DrafterConfig, history: list[int]) -> LookupIndex:
+    """A request's index for a copy-channel drafter: the drafter's own match rule over ``history``."""
+    index = LookupIndex(LookupConfig(config.copy_min_match, config.copy_max_match))
+    index.extend(history)
+    return index
+
+
+def copy_continuations(config: DrafterConfig, requests: list[Request]) -> dict:
     """The ``propose`` arguments of a drafter with a copy channel (each request's continuation over its history
     and its match length; ``dspark.models.block_inputs``), or none for a drafter without one."""
-    c = engine.drafter.config
-    if not c.copy_channel:
+    if not config.copy_channel:
         return {}
     conts, matches = [], []
     for req in requests:
-        cont = req.copy_index.propose(c.block_size)
+        cont = req.copy_index.propose(config.block_size)
         conts.append(cont)
         matches.append(req.copy_index.match_length if cont else 0)
     return {"copy_continuations": conts, "copy_matches": matches}
