@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
-from dspark.training.data import iter_sharegpt_conversations, read_regenerated
+from dspark.training.data import iter_sharegpt_conversations, resume_state
 
 
 def sharegpt_first_exchanges() -> Iterator[tuple[str, str, str]]:
@@ -72,10 +71,7 @@ def write_dataset_answers(
     for name, v in (("max_prompt_tokens", max_prompt_tokens), ("max_response_tokens", max_response_tokens)):
         if v < 1:
             raise ValueError(f"{name}: must be >= 1, got {v}")
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    done = read_regenerated(out_path) if os.path.exists(out_path) else []
-    seen = {r.get("id") for r in done}
-    tokens = sum(len(r.get("response_ids", ())) for r in done)
+    seen, tokens = resume_state(out_path)
     eos = tokenizer.eos_token_id
     counts = {"written": 0, "skipped_long": 0, "skipped_short": 0, "seen": 0}
     bar = tqdm(desc="answers", unit="row", disable=not progress)

@@ -61,6 +61,14 @@ def iter_sharegpt_first_turns() -> Iterator[Prompt]:
             yield Prompt(f"sharegpt:{obj.get('id')}", conv[0]["value"])
 
 
+def resume_state(out_path: str | os.PathLike) -> tuple[set, int]:
+    """Ids already in a row file and their response tokens (a rerun skips the ids and counts the tokens);
+    creates the file's folder."""
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    done = read_regenerated(out_path) if os.path.exists(out_path) else []
+    return {r.get("id") for r in done}, sum(len(r.get("response_ids", ())) for r in done)
+
+
 def read_regenerated(path: str | os.PathLike) -> list[dict]:
     """Rows of a regeneration file (incomplete trailing lines are skipped)."""
     rows = []
@@ -106,10 +114,7 @@ def regenerate(
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    done = read_regenerated(out_path) if os.path.exists(out_path) else []
-    seen = {r.get("id") for r in done}
-    written_tokens = sum(len(r.get("response_ids", ())) for r in done)
+    seen, written_tokens = resume_state(out_path)
     todo, skipped = [], 0
     for p in prompts:
         if p.id in seen:

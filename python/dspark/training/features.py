@@ -215,7 +215,7 @@ class FeatureCache:
                 tensors[f"{key}.features"] = feats.to(dtype).contiguous().cpu()
                 last = last.to(dtype)  # p_lse is of the stored (rounded) hidden, on the target's device
                 tensors[f"{key}.last_hidden"] = last.contiguous().cpu()
-                tensors[f"{key}.p_lse"] = response_lse(head.to(last.device), last, len(r["prompt_ids"])).cpu()
+                tensors[f"{key}.p_lse"] = response_lse(head, last, len(r["prompt_ids"]))
                 metas.append(
                     {
                         "id": r["id"],
