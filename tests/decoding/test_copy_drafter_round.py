@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A drafter with a copy channel in the round: each request's copy index follows its history (prompt, commits,
-preemption), greedy output equals the target's, and sampled output keeps the target's distribution."""
+"""A drafter with a copy channel (and one with a copy head too) in the round: each request's copy index follows
+its history (prompt, commits, preemption), greedy output equals the target's, and sampled output keeps the
+target's distribution."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.decoding.toy_models import markov_chain_target, tiny_target
 V2 = dict(copy_channel=True, context_projection=True, learned_mask=True, tap_norm=True)
 
 
-def copy_drafter(target, block_size: int = 4, seed: int = 1) -> DSparkDrafter:
+def copy_drafter(target, block_size: int = 4, seed: int = 1, head: bool = False) -> DSparkDrafter:
     torch.manual_seed(seed)
     L = target.config.num_hidden_layers
     d = DSparkDrafter.from_config(
@@ -26,6 +27,7 @@ def copy_drafter(target, block_size: int = 4, seed: int = 1) -> DSparkDrafter:
         target_layer_ids=sorted({0, max(L - 2, 0)}),
         markov_rank=8,
         initializer_range=0.2,
+        copy_head=head,
         **V2,
     ).eval()
     g = torch.Generator().manual_seed(seed)
@@ -33,6 +35,9 @@ def copy_drafter(target, block_size: int = 4, seed: int = 1) -> DSparkDrafter:
         for name in ("copy_embed", "context_proj"):
             w = getattr(d, name).weight
             w.copy_(0.3 * torch.randn(w.shape, generator=g))
+        if head:  # a bonus large enough that most drafts copy, and a confidence term
+            d.copy_head.logit_bias.fill_(6.0)
+            d.copy_head.conf_bias.copy_(torch.randn(d.copy_head.conf_bias.shape, generator=g))
     return d
 
 
@@ -44,11 +49,12 @@ def greedy_reference(target, prompts, n: int) -> list[list[int]]:
     return out
 
 
+@pytest.mark.parametrize("head", [False, True])
 @pytest.mark.parametrize("lookup", [False, True])
 @pytest.mark.parametrize("mode", ["full", "early_stop"])
-def test_copy_drafter_greedy_equals_the_target_greedy(lookup, mode):
+def test_copy_drafter_greedy_equals_the_target_greedy(lookup, mode, head):
     target = tiny_target("llama", vocab=64)
-    drafter = copy_drafter(target)
+    drafter = copy_drafter(target, head=head)
     prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 1, 2, 3, 1, 2, 3, 1], [40, 41, 42]]
     want = greedy_reference(target, prompts, 20)
     dec = DSparkDecoder(target, drafter, planner=Planner(mode, batch_sps(3, 4)), lookup=lookup, block_size=4)
@@ -85,10 +91,11 @@ def test_copy_index_holds_the_requests_history(monkeypatch):
 
 
 @pytest.mark.slow
-def test_copy_drafter_sampling_follows_the_target():
+@pytest.mark.parametrize("head", [False, True])
+def test_copy_drafter_sampling_follows_the_target(head):
     table = chain_table()
     target = markov_chain_target(table)
-    drafter = copy_drafter(target, block_size=3)
+    drafter = copy_drafter(target, block_size=3, head=head)
     pattern = [START, 0, 1, 3, START, 0, 1, 3, START]  # repeats: the copy channel has matches
     dec = DSparkDecoder(target, drafter, planner=Planner("full"), max_batch_size=N, lookup=LookupConfig(1, 3))
     try:

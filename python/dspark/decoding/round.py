@@ -247,7 +247,9 @@ def confidence(engine: Engine, r: RoundState) -> None:
     g = r.draft_slots
     sts = None if engine.sts is None else engine.sts[:g]
     bias = None if engine.sts_bias is None else engine.sts_bias[:g]
-    scored = engine.drafter.score(r.proposal.hidden, r.sample.prev_emb, sts, bias)
+    scored = engine.drafter.score(
+        r.proposal.hidden, r.sample.prev_emb, sts, bias, tokens=r.sample.tokens, copy=r.proposal.copy
+    )
     if scored is not None:
         r.conf_logit, _, survival = scored
         ok = all_finite(survival)  # NaN survival (from NaN drafter states) fails the round like NaN logits
@@ -452,7 +454,7 @@ def prefill(engine: Engine, call: CallState, requests: list[Request]) -> None:
             if call.lookup and req.lookup is None:  # the index outlives a preemption, as the history does
                 req.lookup = LookupIndex(engine.lookup)
                 req.lookup.extend(req.prompt + req.generated)
-            if call.drafting and req.copy_index is None and engine.drafter.config.copy_channel:
+            if call.drafting and req.copy_index is None and engine.drafter.config.uses_copies:
                 req.copy_index = new_copy_index(engine.drafter.config, req.prompt + req.generated)
             engine.adapter.add_request(req.rid)
         with call.stats.stage("verify"):

@@ -91,9 +91,9 @@ def new_copy_index(config: DrafterConfig, history: list[int]) -> LookupIndex:
 
 
 def copy_continuations(config: DrafterConfig, requests: list[Request]) -> dict:
-    """The ``propose`` arguments of a drafter with a copy channel (each request's continuation over its history
-    and its match length; ``dspark.models.block_inputs``), or none for a drafter without one."""
-    if not config.copy_channel:
+    """The ``propose`` arguments of a drafter that reads copies (copy channel or copy head: each request's
+    continuation over its history and its match length; ``dspark.models.block_inputs``), or none."""
+    if not config.uses_copies:
         return {}
     conts, matches = [], []
     for req in requests:

@@ -108,6 +108,7 @@ class DrafterConfig:
     context_projection: bool = False  # context row a-1 projected (context_proj) into every block row
     learned_mask: bool = False  # a trained MASK input (mask_embed) instead of mask_token_id's embedding
     tap_norm: bool = False  # an RMSNorm per tapped layer before fc (tap_norm.weight, (m * H,))
+    copy_head: bool = False  # a learned bonus on the copied token's logit and confidence (copy_head.*)
     dtype: torch.dtype | None = None
     raw: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -116,6 +117,11 @@ class DrafterConfig:
     def num_taps(self) -> int:
         """Number of tapped target layers (``m``); ``fc`` maps ``m * H`` features to ``H``."""
         return len(self.target_layer_ids)
+
+    @property
+    def uses_copies(self) -> bool:
+        """Whether drafting reads the history's lookup continuation (``copy_channel`` or ``copy_head``)."""
+        return self.copy_channel or self.copy_head
 
     @property
     def has_markov(self) -> bool:
@@ -198,6 +204,7 @@ class DrafterConfig:
             context_projection=get("context_projection", False),
             learned_mask=get("learned_mask", False),
             tap_norm=get("tap_norm", False),
+            copy_head=get("copy_head", False),
             dtype=dtype_from_name(d.get("dtype", d.get("torch_dtype"))),
             raw=copy.deepcopy(d),
         )
@@ -243,7 +250,7 @@ class DrafterConfig:
                 f"drafter config: target_layer_ids {ids} must stay below the target's last layer "
                 f"(num_target_layers = {self.num_target_layers}; its last hidden state is normed)"
             )
-        if self.copy_channel and not 1 <= self.copy_min_match <= self.copy_max_match:
+        if self.uses_copies and not 1 <= self.copy_min_match <= self.copy_max_match:
             raise ValueError(
                 f"drafter config: copy_min_match / copy_max_match must satisfy 1 <= min <= max, got "
                 f"{self.copy_min_match} / {self.copy_max_match}"
@@ -288,11 +295,9 @@ class DrafterConfig:
             d["num_target_layers"] = self.num_target_layers
         for key in V2_FIELDS:  # written only when on, so a DeepSpec drafter's config.json is unchanged
             d.pop(key, None)
-        if self.copy_channel:
-            d.update(
-                copy_channel=True, copy_min_match=self.copy_min_match, copy_max_match=self.copy_max_match
-            )
-        for key in ("context_projection", "learned_mask", "tap_norm"):
+        if self.uses_copies:
+            d.update(copy_min_match=self.copy_min_match, copy_max_match=self.copy_max_match)
+        for key in ("copy_channel", "context_projection", "learned_mask", "tap_norm", "copy_head"):
             if getattr(self, key):
                 d[key] = True
         if self.has_markov:
@@ -355,6 +360,11 @@ class DrafterConfig:
         if self.enable_confidence_head:
             s["confidence_head.proj.weight"] = (1, H + self.confidence_input_rank)
             s["confidence_head.proj.bias"] = (1,)
+        if self.copy_head:
+            g, n = self.block_size, self.copy_max_match + 1
+            s["copy_head.logit_bias"] = (g, n)
+            s["copy_head.logit_gate"] = (H,)
+            s["copy_head.conf_bias"] = (g, 2, n)
         return s
 
 
@@ -366,6 +376,7 @@ V2_FIELDS = (
     "context_projection",
     "learned_mask",
     "tap_norm",
+    "copy_head",
 )
 
 # field name -> (converter, expected), read off the dataclass annotations so a new field is checked too

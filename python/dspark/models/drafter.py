@@ -18,6 +18,7 @@ from dspark.models import drafter_loading as loading
 from dspark.models.block_inputs import add_input_modules, context_rows
 from dspark.models.config import DrafterConfig
 from dspark.models.context import RequestContext
+from dspark.models.copy_head import CopyHead
 from dspark.models.draft_vocab import DraftVocabTables, check_draft_vocab
 from dspark.models.drafter_config import default_target_layer_ids, new_drafter
 from dspark.models.drafting import DraftOutput, DraftProposal, DraftSteps
@@ -69,6 +70,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
         self.confidence_head = (
             ConfidenceHead(H, c.confidence_input_rank) if c.enable_confidence_head else None
         )
+        self.copy_head = CopyHead(c.block_size, H, c.copy_max_match) if c.copy_head else None
         add_input_modules(self, c)
         self.rotary_emb = Rotary(c.head_dim, c.rope_theta)
         self._shared: dict[str, nn.Module] = {}  # target modules aliased (not registered: not in state_dict)
@@ -257,7 +259,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
         With ``share_embeddings`` the target's embedding and LM head are aliased (frozen in training by the
         caller); otherwise they are copied. ``inputs``: the v2 input flags of
         :func:`~dspark.models.drafter_config.fresh_config` (``copy_channel``, ``context_projection``,
-        ``learned_mask``, ``tap_norm``, ``copy_min_match``, ``copy_max_match``; docs/drafter.md).
+        ``learned_mask``, ``tap_norm``, ``copy_head``, ``copy_min_match``, ``copy_max_match``; docs/drafter.md).
         """
         return new_drafter(
             cls,

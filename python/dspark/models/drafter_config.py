@@ -69,9 +69,11 @@ def fresh_config(
     context_projection: bool = False,
     learned_mask: bool = False,
     tap_norm: bool = False,
+    copy_head: bool = False,
 ) -> DrafterConfig:
     """The config of a fresh drafter for ``target``, checked against it (arguments as in :func:`new_drafter`;
-    the last six are the v2 inputs of ``dspark.models.block_inputs``, all off by default).
+    the last seven are the v2 inputs of ``dspark.models.block_inputs`` and the copy head of
+    ``dspark.models.copy_head``, all off by default).
 
     Returns
     -------
@@ -117,6 +119,7 @@ def fresh_config(
         context_projection=context_projection,
         learned_mask=learned_mask,
         tap_norm=tap_norm,
+        copy_head=copy_head,
     )
     raw.pop("layer_types", None)
     # A fresh drafter uses default RoPE at the target's base frequency (scaled variants are not implemented).

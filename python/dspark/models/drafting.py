@@ -49,12 +49,14 @@ class DraftOutput:
 class DraftProposal:
     """What :meth:`DSparkDrafter.propose` hands to sampling: ``request_ids`` ``(R,)`` and ``anchors`` ``(R,)``
     int64 on the drafter's device, ``hidden`` ``(R, g, H)`` final-normed, ``base_logits`` ``U`` ``(R, g, V)``
-    (``(R, g, V')`` over a draft vocabulary)."""
+    (``(R, g, V')`` over a draft vocabulary; with a copy head, its bonus included), ``copy`` the copy inputs
+    ``(copy_tokens (R, γ), copy_match (R,))`` on the device (None for a drafter that reads no copies)."""
 
     request_ids: Tensor
     anchors: Tensor
     hidden: Tensor
     base_logits: Tensor
+    copy: tuple[Tensor, Tensor] | None = None
 
 
 class DraftSteps:
@@ -69,6 +71,7 @@ class DraftSteps:
     rotary_emb: nn.Module
     markov_head: nn.Module | None
     confidence_head: nn.Module | None
+    copy_head: nn.Module | None
     _contexts: dict[int, RequestContext]
 
     def backbone(
@@ -138,10 +141,11 @@ class DraftSteps:
         reach the LM head.
         """
         copy = None
-        if self.config.copy_channel:
+        if self.config.uses_copies:
             if copy_continuations is None or copy_matches is None:
                 raise ValueError(
-                    "copy_continuations / copy_matches: this drafter has a copy channel; pass each request's "
+                    "copy_continuations / copy_matches: this drafter reads copies (copy channel or copy head); "
+                    "pass each request's "
                     "lookup continuation and match length (empty and 0 where there is none)"
                 )
             n = len(request_ids)
@@ -195,7 +199,9 @@ class DraftSteps:
             # F.linear down a batched path that copies the whole weight
             W = self.lm_head_weight if vocab is None else vocab.lm_head
             U = cpu_linear.linear(hidden.reshape(R * g, -1), W).view(R, g, -1)
-        return DraftProposal(to_device(ids_t, self.device), anchors, hidden, U)
+        if self.copy_head is not None:
+            U = self.copy_head.add_to_logits(U, hidden, *copy, None if vocab is None else vocab.token_ids)
+        return DraftProposal(to_device(ids_t, self.device), anchors, hidden, U, copy)
 
     @torch.no_grad()
     def sample(
@@ -224,11 +230,25 @@ class DraftSteps:
         prev_emb: Tensor,
         sts_temperature: Tensor | None = None,
         sts_bias: Tensor | None = None,
+        *,
+        tokens: Tensor | None = None,
+        copy: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor] | None:
-        """Step 3 of a draft: ``(conf_logit, conf, survival)`` ``(R, g)`` of the confidence head (None without)."""
+        """Step 3 of a draft: ``(conf_logit, conf, survival)`` ``(R, g)`` of the confidence head (None without).
+
+        A drafter with a copy head also needs the drafted ``tokens`` ``(R, g)`` and the proposal's ``copy``.
+        """
         if self.confidence_head is None:
             return None
-        return self.confidence_head(hidden, prev_emb, sts_temperature, sts_bias)
+        extra = None
+        if self.copy_head is not None:
+            if tokens is None or copy is None:
+                raise ValueError(
+                    "tokens / copy: a drafter with a copy head scores the drafted tokens against "
+                    "the proposal's copies; pass both"
+                )
+            extra = self.copy_head.confidence_inputs(tokens, *copy)
+        return self.confidence_head(hidden, prev_emb, sts_temperature, sts_bias, extra)
 
     @torch.no_grad()
     def draft(
@@ -295,7 +315,7 @@ class DraftSteps:
                 else expand_to_vocab(p.base_logits, vocab.token_ids, self.config.vocab_size)
             )
         out = DraftOutput(s.tokens, s.logits, s.prev_emb, p.hidden, base)
-        scored = self.score(p.hidden, s.prev_emb, sts_temperature, sts_bias)
+        scored = self.score(p.hidden, s.prev_emb, sts_temperature, sts_bias, tokens=s.tokens, copy=p.copy)
         if scored is not None:
             out.conf_logit, out.conf, out.survival = scored
         return out

@@ -290,10 +290,14 @@ class ConfidenceHead(nn.Module):
                 p.data = saved[n].to(p.device)
         return self
 
-    def logits(self, hidden: Tensor, prev_emb: Tensor) -> Tensor:
-        """Differentiable raw logits ``(R, gamma)`` float32 (for training); ``prev_emb`` may have ``r = 0``."""
+    def logits(self, hidden: Tensor, prev_emb: Tensor, extra: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Differentiable raw logits ``(R, gamma)`` float32 (for training); ``prev_emb`` may have ``r = 0``.
+        ``extra``: more inputs ``(R, gamma, F)`` and their weights ``(F,)`` (the copy head's)."""
         x = torch.cat([hidden.float(), prev_emb[..., : self.input_rank].float()], -1)
-        return self.proj(x).squeeze(-1)
+        out = self.proj(x).squeeze(-1)
+        if extra is not None:
+            out = out + extra[0].float() @ extra[1].float()
+        return out
 
     def forward(
         self,
@@ -301,20 +305,25 @@ class ConfidenceHead(nn.Module):
         prev_emb: Tensor,
         sts_temperature: Tensor | None = None,
         sts_bias: Tensor | None = None,
+        extra: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``(logit, conf, survival)``, each ``(R, gamma)`` float32, through ``dspark.ops.confidence``
         (``conf = sigmoid(logit / T_k + o_k)``: STS temperatures ``T``, ones when None; offsets ``o``, zeros when
-        None)."""
+        None). ``extra`` as in :meth:`logits`: appended to the op's second input and weight vector."""
         gamma = hidden.shape[1]
         if sts_temperature is None:
             sts_temperature = torch.ones(gamma, dtype=torch.float32, device=hidden.device)
         e = prev_emb[..., : self.input_rank]
+        w = self.proj.weight.reshape(-1)
+        if extra is not None:
+            e = torch.cat([e.to(hidden.dtype), extra[0].to(hidden.dtype)], -1)
+            w = torch.cat([w, extra[1].to(w.dtype)])
         if e.dtype != hidden.dtype:
             e = e.to(hidden.dtype)
         return dspark.ops.confidence(
             hidden.contiguous(),
             e.contiguous(),
-            self.proj.weight.reshape(-1),
+            w,
             self.proj.bias.reshape(()),
             sts_temperature.to(device=hidden.device, dtype=torch.float32),
             None if sts_bias is None else sts_bias.to(device=hidden.device, dtype=torch.float32),

@@ -236,8 +236,9 @@ def _drafter_jobs(
 
 
 def no_copies(drafter, n: int) -> dict:
-    """``draft`` arguments of a copy-channel drafter with no continuation (its cost does not depend on them)."""
-    return {"copy_continuations": [[]] * n, "copy_matches": [0] * n} if drafter.config.copy_channel else {}
+    """``draft`` arguments of a drafter that reads copies, with no continuation (its cost does not depend on
+    them)."""
+    return {"copy_continuations": [[]] * n, "copy_matches": [0] * n} if drafter.config.uses_copies else {}
 
 
 def _time_passes(

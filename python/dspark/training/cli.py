@@ -122,6 +122,7 @@ def _fit(args: argparse.Namespace) -> int:
         context_projection=args.context_projection,
         learned_mask=args.learned_mask,
         tap_norm=args.tap_norm,
+        copy_head=args.copy_head,
     )
     rms = None
     if args.feature_scaling:  # per-channel RMS of (up to) 64 cached sequences
@@ -157,6 +158,7 @@ def _fit(args: argparse.Namespace) -> int:
         log_every=args.log_every,
         save_every=args.save_every,
         packed=not args.no_packed,
+        train_only=args.train_only,
         weights=LossWeights(ce=args.ce_weight, l1=args.l1_weight, decay=args.decay, kl=args.kl_weight),
         draft_vocab=(
             None
@@ -339,6 +341,10 @@ def add_train_parser(sub) -> None:
         ("--context-projection", "add a projection of context row a-1 to every block row"),
         ("--learned-mask", "a trained MASK input instead of mask_token_id's embedding"),
         ("--tap-norm", "an RMSNorm per tapped layer before fc"),
+        (
+            "--copy-head",
+            "a learned bonus on the copied token's logit and confidence (docs/drafter.md, Copy head)",
+        ),
     ):
         t.add_argument(flag, action="store_true", help=what)
     t.add_argument(
@@ -346,6 +352,14 @@ def add_train_parser(sub) -> None:
         choices=("identity", "zero"),
         default="identity",
         help="copy_proj's start when --init-from a drafter without a copy channel (zero: drafts as it did)",
+    )
+    t.add_argument(
+        "--train-only",
+        nargs="+",
+        default=None,
+        metavar="MODULE",
+        help="train only the parameters under these top-level modules (e.g. copy_head confidence_head); the "
+        "rest stay frozen",
     )
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--l1-weight", type=float, default=0.9)

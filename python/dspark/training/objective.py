@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dspark.models.block_inputs import block_embeddings, context_rows
+from dspark.models.config import DrafterConfig
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.heads import VanillaMarkovHead
 from dspark.training.copy_inputs import anchor_copy_inputs
@@ -86,15 +87,29 @@ def block_hidden(drafter: DSparkDrafter, features: Tensor, input_ids: Tensor, an
     return packed_hidden(drafter, [features], [input_ids], [anchors])
 
 
+def packed_copy_inputs(
+    config: DrafterConfig, input_ids: list[Tensor], anchors: list[Tensor], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """The copy inputs ``(copy_tokens (ΣA, γ), copy_match (ΣA,))`` of several sequences' anchors, on ``device``
+    (``copy_inputs.anchor_copy_inputs`` per sequence, in order)."""
+    pairs = [anchor_copy_inputs(i.cpu(), a.cpu(), config) for i, a in zip(input_ids, anchors, strict=True)]
+    return torch.cat([p[0] for p in pairs]).to(device), torch.cat([p[1] for p in pairs]).to(device)
+
+
 def packed_hidden(
-    drafter: DSparkDrafter, features: list[Tensor], input_ids: list[Tensor], anchors: list[Tensor]
+    drafter: DSparkDrafter,
+    features: list[Tensor],
+    input_ids: list[Tensor],
+    anchors: list[Tensor],
+    copy: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """:func:`block_hidden` of several sequences at once: hidden ``(ΣA, γ, H)``, the sequences' anchors in order.
 
     Every projection and MLP runs once over the rows of all sequences (flattened anchors); attention runs per
     sequence (its blocks over its own context rows ``< a`` and their own block), so the result equals the
     sequences' :func:`block_hidden` stacked (tested) and a batch of long and short sequences pads nothing.
-    ``features[i]`` ``(S_i, m*H)``, ``input_ids[i]`` ``(S_i,)``, ``anchors[i]`` ``(A_i,)`` sorted.
+    ``features[i]`` ``(S_i, m*H)``, ``input_ids[i]`` ``(S_i,)``, ``anchors[i]`` ``(A_i,)`` sorted; ``copy``: the
+    anchors' :func:`packed_copy_inputs` when the caller has them (computed here for a copy channel otherwise).
     """
     c = drafter.config
     dev, dt = drafter.device, drafter.dtype
@@ -106,9 +121,7 @@ def packed_hidden(
     ctxs = ctx.split(lengths)
     copy_tokens = copy_match = last_rows = None
     if c.copy_channel:
-        pairs = [anchor_copy_inputs(i.cpu(), a.cpu(), c) for i, a in zip(input_ids, anchors, strict=True)]
-        copy_tokens = torch.cat([p[0] for p in pairs]).to(dev)
-        copy_match = torch.cat([p[1] for p in pairs]).to(dev)
+        copy_tokens, copy_match = copy if copy is not None else packed_copy_inputs(c, input_ids, anchors, dev)
     if c.context_projection:  # row a-1; an anchor at 0 has no context (zeros, as serving gives)
         last_rows = torch.cat(
             [
@@ -234,10 +247,13 @@ def packed_block_loss(
     g = c.block_size
     anchors = [a.to(dev) for a in anchors]
     ids = [s.input_ids.to(dev) for s in sequences]
-    hidden = packed_hidden(drafter, [s.features for s in sequences], ids, anchors)  # [A, g, H]
+    copy = packed_copy_inputs(c, ids, anchors, dev) if c.uses_copies else None
+    hidden = packed_hidden(drafter, [s.features for s in sequences], ids, anchors, copy)  # [A, g, H]
     head_w = drafter.lm_head_weight if lm_head is None else lm_head
     dv = None if draft_ids is None else draft_ids.to(dev)
     U = F.linear(hidden, head_w if dv is None else head_w.index_select(0, dv))  # [A, g, V or V']
+    if drafter.copy_head is not None:  # as serving adds it (DraftSteps.propose)
+        U = drafter.copy_head.add_to_logits(U, hidden, *copy, dv)
     parts = [
         block_labels(i, s.loss_mask.to(dev), a, g) for i, s, a in zip(ids, sequences, anchors, strict=True)
     ]
@@ -310,7 +326,13 @@ def packed_block_loss(
     bce_m = torch.zeros((), device=dev)
     conf_pred = None
     if drafter.confidence_head is not None:
-        logit = drafter.confidence_head.logits(hidden, prev_emb)
+        extra = None
+        if drafter.copy_head is not None:  # the drafted token of a greedy draft: the teacher-forced argmax
+            with torch.no_grad():
+                zz = z if bias is None else z + bias
+                drafted = zz.argmax(-1) if dv is None else dv[zz.argmax(-1)]
+            extra = drafter.copy_head.confidence_inputs(drafted, *copy)
+        logit = drafter.confidence_head.logits(hidden, prev_emb, extra)
         tgt = (1 - 0.5 * l1.detach()).clamp(0, 1)
         bce_m = seq_means(F.binary_cross_entropy_with_logits(logit, tgt, reduction="none"), wt)
         with torch.no_grad():

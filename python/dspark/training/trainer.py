@@ -10,6 +10,7 @@ embedding / LM head not stored when shared with the target) plus ``trainer_state
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -56,12 +57,38 @@ class TrainConfig:
     # one packed forward over each step's sequences (flattened anchors; the same gradient as one pass per
     # sequence, tested): fewer, larger kernels, which is what a GPU needs
     packed: bool = True
+    # train only the parameters under these top-level modules (e.g. ["copy_head", "confidence_head"]); None: all
+    train_only: list[str] | None = None
 
 
 def _rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+@contextlib.contextmanager
+def training_only(drafter: DSparkDrafter, modules: list[str] | None):
+    """Within the block, only the parameters under the top-level ``modules`` of ``drafter`` train (the others'
+    ``requires_grad`` is off, then restored); None: no change. An unknown name is an error before anything runs.
+    """
+    if modules is None:
+        yield
+        return
+    known = sorted({n.split(".")[0] for n, _ in drafter.named_parameters()})
+    unknown = [m for m in modules if m not in known]
+    if unknown or not modules:
+        raise ValueError(
+            f"train_only: {unknown or modules} are not modules of this drafter; expected some of {known}"
+        )
+    saved = {n: p.requires_grad for n, p in drafter.named_parameters()}
+    try:
+        for n, p in drafter.named_parameters():
+            p.requires_grad_(saved[n] and n.split(".")[0] in modules)
+        yield
+    finally:
+        for n, p in drafter.named_parameters():
+            p.requires_grad_(saved[n])
 
 
 def trainable_parameters(drafter: DSparkDrafter) -> list[torch.nn.Parameter]:
@@ -136,7 +163,7 @@ def load_drafter_weights(
     not part of a drafter folder and stay as they are.
 
     ``allow_missing_inputs``: ``path`` may lack the v2 input tensors ``drafter`` has (``copy_proj``,
-    ``copy_embed``, ``context_proj``, ``mask_embed``; a DeepSpec drafter warm-starting a v2 one). They start
+    ``copy_embed``, ``context_proj``, ``mask_embed``, the copy head's; a DeepSpec drafter warm-starting a v2 one). They start
     neutral (``block_inputs.init_input_modules`` with ``copy_proj`` at zero), so the drafter drafts what the
     folder's did until training opens them; ``copy_identity`` starts ``copy_proj`` at the identity instead (a
     copy prior: each slot's input then holds its copied token's embedding, which a tied LM head reads as that
@@ -149,7 +176,15 @@ def load_drafter_weights(
     tensors = read_tensors(path)
     own = drafter.state_dict()
     missing = [k for k in own if k not in tensors]
-    neutral = ("copy_proj.weight", "copy_embed.weight", "context_proj.weight", "mask_embed")
+    neutral = (
+        "copy_proj.weight",
+        "copy_embed.weight",
+        "context_proj.weight",
+        "mask_embed",
+        "copy_head.logit_bias",
+        "copy_head.logit_gate",
+        "copy_head.conf_bias",
+    )
     if allow_missing_inputs and missing and all(k in neutral for k in missing):
         init_input_modules(drafter, drafter.embed_weight.detach(), copy_identity=copy_identity)
         tensors = {**tensors, **{k: own[k] for k in missing}}
@@ -169,9 +204,23 @@ def train(
 ) -> list[dict]:
     """Train ``drafter`` on the sequences ``indices`` of ``cache`` (all by default); returns the log rows.
 
-    The target's embedding / LM head stay frozen (aliased, not trained). Resumes from the newest
-    ``checkpoint-*`` in ``out_dir`` when ``resume``. Deterministic for a given seed, world size and data.
+    The target's embedding / LM head stay frozen (aliased, not trained), and with ``cfg.train_only`` all but
+    those modules (:func:`training_only`). Resumes from the newest ``checkpoint-*`` in ``out_dir`` when
+    ``resume``. Deterministic for a given seed, world size and data.
     """
+    with training_only(drafter, cfg.train_only):
+        return _train(drafter, cache, cfg, out_dir, indices, resume, progress)
+
+
+def _train(
+    drafter: DSparkDrafter,
+    cache: FeatureCache,
+    cfg: TrainConfig,
+    out_dir: str | os.PathLike,
+    indices: list[int] | None,
+    resume: bool,
+    progress: bool,
+) -> list[dict]:
     from tqdm.auto import tqdm
 
     rank, world = _rank_world()

@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The copy head: a learned pointer from each draft slot to the token the history's lookup continuation puts
+there (docs/drafter.md, "Copy head").
+
+The copy channel (``block_inputs``) hands the backbone the continuation and leaves it to learn to copy; the copy
+head copies directly, in logit space. At slot ``j`` with a copied token ``c_j`` (entry ``j`` of the
+continuation) and match length ``n``:
+
+* the draft logits get a bonus at ``c_j``: ``U[j, c_j] += logit_bias[j, n] + h_j · logit_gate`` (the gate lets
+  the hidden state say when to override the copy);
+* the confidence head's logit gets ``conf_bias[j, agree, n]``, ``agree`` = whether the drafted token is ``c_j``:
+  how often a copy is right depends on the slot and the match length, which the hidden state does not see.
+
+Zeros (the fresh values) leave the drafter as it was. Like the copy channel the inputs are a function of the
+history alone, so the round stays exact (DESIGN §4.5): the bonus is part of ``q``, which the verifier reads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class CopyHead(nn.Module):
+    """``logit_bias`` ``(γ, M+1)``, ``logit_gate`` ``(H,)``, ``conf_bias`` ``(γ, 2, M+1)`` (M = ``copy_max_match``),
+    kept in float32 when the drafter is cast, like the confidence head."""
+
+    def __init__(self, block_size: int, hidden_size: int, max_match: int) -> None:
+        super().__init__()
+        n = max_match + 1
+        self.logit_bias = nn.Parameter(torch.zeros(block_size, n))
+        self.logit_gate = nn.Parameter(torch.zeros(hidden_size))
+        self.conf_bias = nn.Parameter(torch.zeros(block_size, 2, n))
+
+    def _apply(self, fn, recurse=True):
+        saved = {n: p.data for n, p in self.named_parameters()}
+        super()._apply(fn, recurse)
+        for n, p in self.named_parameters():
+            if p.dtype != torch.float32:
+                p.data = saved[n].to(p.device)
+        return self
+
+    def logit_bonus(self, hidden: Tensor, copy_tokens: Tensor, copy_match: Tensor) -> Tensor:
+        """Bonus ``(R, g)`` float32 at each slot's copied token (0 where the slot has none).
+
+        ``hidden`` ``(R, g, H)`` final-normed (``g ≤ γ``); ``copy_tokens`` ``(R, γ)`` int64, -1 for none;
+        ``copy_match`` ``(R,)`` int64 match length.
+        """
+        g = hidden.shape[1]
+        tok = copy_tokens[:, :g]
+        n = copy_match.clamp(0, self.logit_bias.shape[1] - 1).unsqueeze(1).expand_as(tok)
+        slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
+        bonus = self.logit_bias[slot, n] + hidden.float() @ self.logit_gate
+        return bonus * (tok >= 0)
+
+    def add_to_logits(
+        self,
+        logits: Tensor,
+        hidden: Tensor,
+        copy_tokens: Tensor,
+        copy_match: Tensor,
+        draft_ids: Tensor | None = None,
+    ) -> Tensor:
+        """``logits`` ``(R, g, V)`` (``(R, g, V')`` over the sorted draft ids ``draft_ids`` ``(V',)``) with the
+        bonus added at each slot's copied token; a copy outside the draft vocabulary gets none. Out of place
+        (differentiable)."""
+        g = logits.shape[1]
+        tok = copy_tokens[:, :g]
+        bonus = self.logit_bonus(hidden, copy_tokens, copy_match)
+        if draft_ids is not None:
+            pos = torch.searchsorted(draft_ids, tok.clamp_min(0))
+            inside = (tok >= 0) & (pos < draft_ids.numel())
+            inside &= draft_ids[pos.clamp(max=draft_ids.numel() - 1)] == tok
+            tok = torch.where(inside, pos, -1)
+            bonus = bonus * inside
+        add = torch.zeros_like(logits).scatter_(
+            -1, tok.clamp_min(0).unsqueeze(-1), bonus.unsqueeze(-1).to(logits.dtype)
+        )
+        return logits + add
+
+    def confidence_inputs(
+        self, tokens: Tensor, copy_tokens: Tensor, copy_match: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Extra confidence inputs: one-hot features ``(R, g, γ·2·(M+1))`` of (slot, agree, match length) — all
+        zero where the slot has no copy — and their weights ``(γ·2·(M+1),)``, so that ``w · [h; e; f]`` adds
+        ``conf_bias[j, agree, n]``. ``tokens`` ``(R, g)``: the drafted tokens."""
+        R, g = tokens.shape
+        tok = copy_tokens[:, :g]
+        G, _, n_max = self.conf_bias.shape
+        n = copy_match.clamp(0, n_max - 1).unsqueeze(1).expand_as(tok)
+        agree = (tokens == tok).to(torch.int64)
+        slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
+        index = (slot * 2 + agree) * n_max + n
+        feats = F.one_hot(index, G * 2 * n_max).float() * (tok >= 0).unsqueeze(-1)
+        return feats, self.conf_bias.reshape(-1)
