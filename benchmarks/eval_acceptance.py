@@ -4,11 +4,12 @@
     python benchmarks/eval_acceptance.py --drafter dspark=PATH --drafter dflash=PATH \
         --prompts PROMPTS_DIR/mt-bench.jsonl PROMPTS_DIR/humaneval.jsonl \
         [--limit 40] [--temperatures 0 1] [--max-new-tokens 256] [--batch 8] [--planner full] \
-        [--draft-vocab dspark=draft_vocab.json | dspark=none] [--json out.json] [--plot acceptance.png]
+        [--draft-vocab dspark=draft_vocab.json | dspark=none] [--lookup] [--json out.json] [--plot acceptance.png]
 
 DeepSpec's protocol: the first user turn of each row, chat template, EOS ends a sequence, the prefill token is
 not counted. τ is pooled over all rounds of a prompt set (micro average) and macro-averaged over the sets.
-With the ``full`` planner every request verifies all γ drafts, so acceptance is uncensored.
+With the ``full`` planner every request verifies all γ drafts, so acceptance is uncensored. ``--lookup`` runs the
+hybrid round (each request's block from the drafter or its lookup continuation, DESIGN §4) instead.
 """
 
 from __future__ import annotations
@@ -40,9 +41,20 @@ def evaluate(
     planner: str,
     sts=None,
     seed: int = 980406,
+    lookup: bool = False,
+    lookup_prior=None,
 ) -> dict:
     """One drafter on one prompt set at one temperature; returns τ, acceptance and timing."""
-    dec = DSparkDecoder(target, drafter, planner=planner, max_batch_size=batch, tokenizer=tok, sts=sts)
+    dec = DSparkDecoder(
+        target,
+        drafter,
+        planner=planner,
+        max_batch_size=batch,
+        tokenizer=tok,
+        sts=sts,
+        lookup=lookup,
+        lookup_prior=lookup_prior,
+    )
     try:
         t0 = time.perf_counter()
         out = dec.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
@@ -65,7 +77,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--drafter", action="append", required=True, help="NAME=PATH (repeatable)")
-    ap.add_argument("--sts", action="append", default=[], help="NAME=STS.json for a drafter (optional)")
+    ap.add_argument(
+        "--sts",
+        action="append",
+        default=[],
+        help="NAME=STS.json for a drafter (default: the folder's sts-greedy.json at T = 0, else its sts.json)",
+    )
     ap.add_argument(
         "--draft-vocab",
         action="append",
@@ -84,6 +101,9 @@ def main() -> None:
         choices=["float32", "bfloat16"],
         help="drafter dtype (default: the target's); bf16 drafts faster on CPUs with AMX",
     )
+    ap.add_argument(
+        "--lookup", action="store_true", help="hybrid rounds: lookup continuations as a draft source"
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
     args = ap.parse_args()
@@ -100,6 +120,12 @@ def main() -> None:
             draft_vocab=draft_vocab_option(vocabs.get(name, "auto")),
         )
     sts = dict(s.split("=", 1) for s in args.sts)
+    folders = {name: Path(spec.partition("=")[2]) for name, spec in zip(drafters, args.drafter, strict=True)}
+
+    def folder_file(name: str, *files: str) -> str | None:
+        found = [folders[name] / f for f in files if (folders[name] / f).is_file()]
+        return str(found[0]) if found else None
+
     sets = {
         p.stem: [chat_token_ids(tok, x.text) for x in read_prompt_file(p, limit=args.limit)]
         for p in args.prompts
@@ -117,7 +143,10 @@ def main() -> None:
                     max_new_tokens=args.max_new_tokens,
                     batch=args.batch,
                     planner=args.planner,
-                    sts=sts.get(name),
+                    sts=sts.get(name)
+                    or folder_file(name, *(("sts-greedy.json",) if T == 0 else ()), "sts.json"),
+                    lookup=args.lookup,
+                    lookup_prior=folder_file(name, "lookup_prior.json") if args.lookup else None,
                 )
                 results.setdefault(name, {}).setdefault(str(T), {})[set_name] = r
                 print(
@@ -128,7 +157,8 @@ def main() -> None:
             per = results[name][str(T)]
             per["macro_tau"] = sum(per[s]["tau"] for s in sets) / len(sets)
     print(
-        f"\n### τ ({args.planner} planner, {args.max_new_tokens} new tokens, first {args.limit or 'all'} prompts per set)\n"
+        f"\n### τ ({args.planner} planner{', hybrid rounds' if args.lookup else ''}, {args.max_new_tokens} new "
+        f"tokens, first {args.limit or 'all'} prompts per set)\n"
     )
     names = list(drafters)
     print("| drafter | T | " + " | ".join(sets) + " | macro |")

@@ -48,7 +48,7 @@ def slot_match(
     One list of rates per entry of ``markov_scales``, each multiplying the Markov head's bias ``B = z − U``
     (1: the drafter as trained); the drafter's forward runs once for all of them.
     """
-    from dspark.training.objective import block_hidden, block_labels
+    from dspark.training.objective import block_hidden, block_labels, packed_copy_inputs
 
     g = drafter.config.block_size
     gen = torch.Generator().manual_seed(seed)
@@ -59,6 +59,9 @@ def slot_match(
         a = torch.nonzero(m[:-1] & m[1:]).view(-1)[:anchors]
         hidden = block_hidden(drafter, perturb(s.features.float(), mode, gen), ids, a)
         U = F.linear(hidden, drafter.lm_head_weight)
+        if drafter.copy_head is not None:  # as served: the copy head's bonus at each slot's copied token
+            copy = packed_copy_inputs(drafter.config, [ids], [a], U.device)
+            U = drafter.copy_head.add_to_logits(U, hidden, *copy)
         labels, inside, prev = block_labels(ids, m, a, g)
         z = U if drafter.markov_head is None else drafter.markov_head(U, prev, hidden)
         for k, scale in enumerate(markov_scales):

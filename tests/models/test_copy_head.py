@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The copy head (``dspark.models.copy_head``) in serving: fresh it drafts what the drafter without it drafts;
 trained it adds its bonus at each slot's copied token only (over the whole or a draft vocabulary) and its
-confidence term by slot, agreement and match length; checkpoints round-trip; missing inputs fail clearly."""
+confidence term by slot, whether the draft before it followed the copy, and match length — never reading the
+slot's own draft; checkpoints round-trip; missing inputs fail clearly."""
 
 from __future__ import annotations
 
@@ -98,8 +99,9 @@ def test_bonus_lands_at_the_copied_token_only(target, pair):
         base = plain.draft([7, 8], anchors, 0.0, seed=3, return_base_logits=True).base_logits
         want = base.clone()
         for r, (cont, n) in enumerate(zip(CONTS, MATCHES, strict=True)):
-            for j, tok in enumerate(cont[:G]):  # written out: bias[j, n] + h_j · gate at the copy only
-                bonus = head.copy_head.logit_bias[j, n] + out.hidden[r, j].float() @ head.copy_head.logit_gate
+            for j, tok in enumerate(cont[:G]):  # written out: bias[j, n] + h_j · gate / √H at the copy only
+                gate = out.hidden[r, j].float() @ head.copy_head.logit_gate / out.hidden.shape[-1] ** 0.5
+                bonus = head.copy_head.logit_bias[j, n] + gate
                 want[r, j, tok] += bonus
         torch.testing.assert_close(out.base_logits, want, atol=1e-5, rtol=1e-5)
         diff = (out.base_logits - base).ne(0)
@@ -138,7 +140,7 @@ def test_draft_vocabulary_maps_the_copy_and_skips_ids_outside(target):
                 assert int(out.tokens[r, j]) != tok and int(out.tokens[r, j]) in inside
 
 
-def test_confidence_term_by_slot_agreement_and_match(target, pair):
+def test_confidence_term_by_slot_follows_and_match(target, pair):
     plain, head = pair
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -151,8 +153,9 @@ def test_confidence_term_by_slot_agreement_and_match(target, pair):
         assert torch.equal(out.tokens, base.tokens)  # the confidence term does not touch the drafts
         want = base.conf_logit.clone()
         for r, (cont, n) in enumerate(zip(CONTS, MATCHES, strict=True)):
-            for j, tok in enumerate(cont[:G]):
-                want[r, j] += head.copy_head.conf_bias[j, int(int(out.tokens[r, j]) == tok), n]
+            for j in range(min(len(cont), G)):  # follows: the draft before slot j is the copy's (slot 0: yes)
+                follows = j == 0 or int(out.tokens[r, j - 1]) == cont[j - 1]
+                want[r, j] += head.copy_head.conf_bias[j, int(follows), n]
         torch.testing.assert_close(out.conf_logit, want, atol=1e-5, rtol=1e-5)
         assert not torch.allclose(out.conf_logit, base.conf_logit)
         torch.testing.assert_close(
@@ -170,7 +173,7 @@ def test_copy_head_needs_its_inputs(target, pair):
         head.draft([7, 8], anchors)
     p = head.propose([7, 8], anchors, copy_continuations=CONTS, copy_matches=MATCHES)
     s = head.sample(p, 0.0, 0, 0)
-    with pytest.raises(ValueError, match="tokens / copy"):
+    with pytest.raises(ValueError, match="prev_tokens / copy"):
         head.score(p.hidden, s.prev_emb)
 
 
@@ -193,3 +196,27 @@ def test_copy_head_checkpoint_round_trip(target, tmp_path, pair):
         head.float()
         with torch.no_grad():
             head.copy_head.logit_bias.zero_()
+
+
+def test_confidence_of_a_slot_never_reads_its_own_draft(target, pair):
+    """Changing the token drafted at slot j changes the confidence of slot j + 1 only (negative control:
+    the later slot does move, so the term is read)."""
+    _, head = pair
+    with torch.no_grad():
+        head.copy_head.conf_bias.normal_(generator=torch.Generator().manual_seed(4))
+    try:
+        anchors = _context(head, target)
+        p = head.propose([7, 8], anchors, copy_continuations=CONTS, copy_matches=MATCHES)
+        s = head.sample(p, 0.0, 0, 0)
+        tokens = s.tokens.clone()
+        tokens[0] = torch.tensor(CONTS[0][:G])  # request 0 follows its copy at every slot
+        from dspark.models.drafting import previous_tokens
+
+        a = head.score(p.hidden, s.prev_emb, prev_tokens=previous_tokens(p.anchors, tokens), copy=p.copy)[0]
+        tokens[0, 2] = (CONTS[0][2] + 1) % 96  # slot 2 leaves the copy
+        b = head.score(p.hidden, s.prev_emb, prev_tokens=previous_tokens(p.anchors, tokens), copy=p.copy)[0]
+        assert torch.equal(a[0, :3], b[0, :3])  # slots 0..2 do not see x_2
+        assert not torch.equal(a[0, 3], b[0, 3])  # slot 3 does
+    finally:
+        with torch.no_grad():
+            head.copy_head.conf_bias.zero_()

@@ -38,6 +38,7 @@ from dspark.decoding.sources import (
 from dspark.decoding.stats import DSparkStats
 from dspark.host_sync import HostReader, all_finite, rows_finite, sanitized, to_device
 from dspark.models.drafter import DraftProposal, DSparkDrafter
+from dspark.models.drafting import previous_tokens
 from dspark.models.heads import MarkovSample
 from dspark.models.target import TargetAdapter, TargetOutput
 
@@ -248,7 +249,12 @@ def confidence(engine: Engine, r: RoundState) -> None:
     sts = None if engine.sts is None else engine.sts[:g]
     bias = None if engine.sts_bias is None else engine.sts_bias[:g]
     scored = engine.drafter.score(
-        r.proposal.hidden, r.sample.prev_emb, sts, bias, tokens=r.sample.tokens, copy=r.proposal.copy
+        r.proposal.hidden,
+        r.sample.prev_emb,
+        sts,
+        bias,
+        prev_tokens=previous_tokens(r.proposal.anchors, r.sample.tokens),
+        copy=r.proposal.copy,
     )
     if scored is not None:
         r.conf_logit, _, survival = scored

@@ -6,10 +6,15 @@ The copy channel (``block_inputs``) hands the backbone the continuation and leav
 head copies directly, in logit space. At slot ``j`` with a copied token ``c_j`` (entry ``j`` of the
 continuation) and match length ``n``:
 
-* the draft logits get a bonus at ``c_j``: ``U[j, c_j] += logit_bias[j, n] + h_j · logit_gate`` (the gate lets
-  the hidden state say when to override the copy);
-* the confidence head's logit gets ``conf_bias[j, agree, n]``, ``agree`` = whether the drafted token is ``c_j``:
-  how often a copy is right depends on the slot and the match length, which the hidden state does not see.
+* the draft logits get a bonus at ``c_j``: ``U[j, c_j] += logit_bias[j, n] + h_j · logit_gate / √H`` (the gate lets
+  the hidden state say when to override the copy; ``1/√H`` keeps one optimiser step on it as large as one on a
+  bias);
+* the confidence head's logit gets ``conf_bias[j, follows, n]``, ``follows`` = whether the previous token
+  ``x_{j-1}`` is the copy's ``c_{j-1}`` (always at the first slot, whose previous token is the anchor): how often
+  a copy is right depends on the slot, the match length and whether the draft is still on the copied path,
+  which the hidden state does not see. Like the Markov feature ``W1[x_{j-1}]`` it reads only draws before
+  ``x_j``, so the confidence of slot ``j`` never looks at ``x_j`` (the planner may admit ``x_j`` by it:
+  ``dspark.ops.confidence``).
 
 Zeros (the fresh values) leave the drafter as it was. Like the copy channel the inputs are a function of the
 history alone, so the round stays exact (DESIGN §4.5): the bonus is part of ``q``, which the verifier reads.
@@ -21,8 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dspark.models.layers import Float32Module
 
-class CopyHead(nn.Module):
+
+class CopyHead(Float32Module):
     """``logit_bias`` ``(γ, M+1)``, ``logit_gate`` ``(H,)``, ``conf_bias`` ``(γ, 2, M+1)`` (M = ``copy_max_match``),
     kept in float32 when the drafter is cast, like the confidence head."""
 
@@ -32,14 +39,7 @@ class CopyHead(nn.Module):
         self.logit_bias = nn.Parameter(torch.zeros(block_size, n))
         self.logit_gate = nn.Parameter(torch.zeros(hidden_size))
         self.conf_bias = nn.Parameter(torch.zeros(block_size, 2, n))
-
-    def _apply(self, fn, recurse=True):
-        saved = {n: p.data for n, p in self.named_parameters()}
-        super()._apply(fn, recurse)
-        for n, p in self.named_parameters():
-            if p.dtype != torch.float32:
-                p.data = saved[n].to(p.device)
-        return self
+        self.gate_scale = hidden_size**-0.5
 
     def logit_bonus(self, hidden: Tensor, copy_tokens: Tensor, copy_match: Tensor) -> Tensor:
         """Bonus ``(R, g)`` float32 at each slot's copied token (0 where the slot has none).
@@ -51,7 +51,7 @@ class CopyHead(nn.Module):
         tok = copy_tokens[:, :g]
         n = copy_match.clamp(0, self.logit_bias.shape[1] - 1).unsqueeze(1).expand_as(tok)
         slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
-        bonus = self.logit_bias[slot, n] + hidden.float() @ self.logit_gate
+        bonus = self.logit_bias[slot, n] + (hidden.float() @ self.logit_gate) * self.gate_scale
         return bonus * (tok >= 0)
 
     def add_to_logits(
@@ -80,17 +80,19 @@ class CopyHead(nn.Module):
         return logits + add
 
     def confidence_inputs(
-        self, tokens: Tensor, copy_tokens: Tensor, copy_match: Tensor
+        self, prev_tokens: Tensor, copy_tokens: Tensor, copy_match: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Extra confidence inputs: one-hot features ``(R, g, γ·2·(M+1))`` of (slot, agree, match length) — all
+        """Extra confidence inputs: one-hot features ``(R, g, γ·2·(M+1))`` of (slot, follows, match length) — all
         zero where the slot has no copy — and their weights ``(γ·2·(M+1),)``, so that ``w · [h; e; f]`` adds
-        ``conf_bias[j, agree, n]``. ``tokens`` ``(R, g)``: the drafted tokens."""
-        R, g = tokens.shape
+        ``conf_bias[j, follows, n]``. ``prev_tokens`` ``(R, g)``: the token before each slot (the anchor, then
+        the drafts ``x_1 .. x_{g-1}``; the teacher-forced ones in training)."""
+        R, g = prev_tokens.shape
         tok = copy_tokens[:, :g]
         G, _, n_max = self.conf_bias.shape
         n = copy_match.clamp(0, n_max - 1).unsqueeze(1).expand_as(tok)
-        agree = (tokens == tok).to(torch.int64)
+        follows = torch.ones_like(tok)
+        follows[:, 1:] = (prev_tokens[:, 1:] == copy_tokens[:, : g - 1]).to(tok.dtype)
         slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
-        index = (slot * 2 + agree) * n_max + n
+        index = (slot * 2 + follows) * n_max + n
         feats = F.one_hot(index, G * 2 * n_max).float() * (tok >= 0).unsqueeze(-1)
         return feats, self.conf_bias.reshape(-1)

@@ -59,6 +59,11 @@ class DraftProposal:
     copy: tuple[Tensor, Tensor] | None = None
 
 
+def previous_tokens(anchors: Tensor, tokens: Tensor) -> Tensor:
+    """The token before each draft slot ``(R, g)``: the anchor ``(R,)``, then the drafts ``tokens[:, :-1]``."""
+    return torch.cat([anchors.to(tokens.device, tokens.dtype).unsqueeze(1), tokens[:, :-1]], 1)
+
+
 class DraftSteps:
     """The draft round of ``DSparkDrafter`` (mixed in). It reads what the drafter defines: the attributes below,
     ``embed_weight`` / ``lm_head_weight``, ``device`` / ``dtype`` and ``_vocab_tables()`` (the draft vocabulary's
@@ -231,23 +236,24 @@ class DraftSteps:
         sts_temperature: Tensor | None = None,
         sts_bias: Tensor | None = None,
         *,
-        tokens: Tensor | None = None,
+        prev_tokens: Tensor | None = None,
         copy: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor] | None:
         """Step 3 of a draft: ``(conf_logit, conf, survival)`` ``(R, g)`` of the confidence head (None without).
 
-        A drafter with a copy head also needs the drafted ``tokens`` ``(R, g)`` and the proposal's ``copy``.
+        A drafter with a copy head also needs ``prev_tokens`` ``(R, g)``, the token before each slot
+        (:func:`previous_tokens`), and the proposal's ``copy``.
         """
         if self.confidence_head is None:
             return None
         extra = None
         if self.copy_head is not None:
-            if tokens is None or copy is None:
+            if prev_tokens is None or copy is None:
                 raise ValueError(
-                    "tokens / copy: a drafter with a copy head scores the drafted tokens against "
-                    "the proposal's copies; pass both"
+                    "prev_tokens / copy: a drafter with a copy head scores each slot by whether the draft "
+                    "before it followed the proposal's copy; pass both"
                 )
-            extra = self.copy_head.confidence_inputs(tokens, *copy)
+            extra = self.copy_head.confidence_inputs(prev_tokens, *copy)
         return self.confidence_head(hidden, prev_emb, sts_temperature, sts_bias, extra)
 
     @torch.no_grad()
@@ -315,7 +321,14 @@ class DraftSteps:
                 else expand_to_vocab(p.base_logits, vocab.token_ids, self.config.vocab_size)
             )
         out = DraftOutput(s.tokens, s.logits, s.prev_emb, p.hidden, base)
-        scored = self.score(p.hidden, s.prev_emb, sts_temperature, sts_bias, tokens=s.tokens, copy=p.copy)
+        scored = self.score(
+            p.hidden,
+            s.prev_emb,
+            sts_temperature,
+            sts_bias,
+            prev_tokens=previous_tokens(p.anchors, s.tokens),
+            copy=p.copy,
+        )
         if scored is not None:
             out.conf_logit, out.conf, out.survival = scored
         return out

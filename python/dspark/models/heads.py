@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 import dspark.ops
 from dspark.models.draft_vocab import DraftVocabTables
+from dspark.models.layers import Float32Module
 from dspark.ops.philox_draw import PURPOSE_DRAFT_SAMPLE
 
 
@@ -273,22 +274,13 @@ class RNNMarkovHead(MarkovHead):
 MARKOV_HEADS = {"vanilla": VanillaMarkovHead, "gated": GatedMarkovHead, "rnn": RNNMarkovHead}
 
 
-class ConfidenceHead(nn.Module):
+class ConfidenceHead(Float32Module):
     """``c_k = sigmoid((w · [h_k; W1[x_{k-1}]] + b) / T_k)``; ``proj = Linear(H + r, 1)`` kept in float32."""
 
     def __init__(self, hidden_size: int, markov_rank: int) -> None:
         super().__init__()
         self.proj = nn.Linear(hidden_size + markov_rank, 1, dtype=torch.float32)
         self.input_rank = markov_rank
-
-    def _apply(self, fn, recurse=True):
-        # Stay in float32 (exactly) when the drafter is cast (``.to(bfloat16)``); device moves still apply.
-        saved = {n: p.data for n, p in self.proj.named_parameters()}
-        super()._apply(fn, recurse)
-        for n, p in self.proj.named_parameters():
-            if p.dtype != torch.float32:
-                p.data = saved[n].to(p.device)
-        return self
 
     def logits(self, hidden: Tensor, prev_emb: Tensor, extra: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Differentiable raw logits ``(R, gamma)`` float32 (for training); ``prev_emb`` may have ``r = 0``.

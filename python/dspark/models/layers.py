@@ -8,6 +8,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+class Float32Module(nn.Module):
+    """A module whose parameters stay float32 when the drafter is cast (``.to(bfloat16)``): small heads whose
+    values a cast would round (the confidence and copy heads); device moves still apply."""
+
+    def _apply(self, fn, recurse=True):
+        saved = {n: p.data for n, p in self.named_parameters()}
+        super()._apply(fn, recurse)
+        for n, p in self.named_parameters():
+            if p.dtype != torch.float32:
+                p.data = saved[n].to(p.device)
+        return self
+
+
 class RMSNorm(nn.Module):
     """HF Qwen3/Llama RMSNorm: variance in float32, cast back, then times the weight."""
 

@@ -327,11 +327,8 @@ def packed_block_loss(
     conf_pred = None
     if drafter.confidence_head is not None:
         extra = None
-        if drafter.copy_head is not None:  # the drafted token of a greedy draft: the teacher-forced argmax
-            with torch.no_grad():
-                zz = z if bias is None else z + bias
-                drafted = zz.argmax(-1) if dv is None else dv[zz.argmax(-1)]
-            extra = drafter.copy_head.confidence_inputs(drafted, *copy)
+        if drafter.copy_head is not None:  # teacher-forced previous tokens, as the Markov feature reads them
+            extra = drafter.copy_head.confidence_inputs(prev, *copy)
         logit = drafter.confidence_head.logits(hidden, prev_emb, extra)
         tgt = (1 - 0.5 * l1.detach()).clamp(0, 1)
         bce_m = seq_means(F.binary_cross_entropy_with_logits(logit, tgt, reduction="none"), wt)
