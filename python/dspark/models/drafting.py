@@ -30,7 +30,8 @@ class DraftOutput:
 
     tokens ``(R, γ)`` int64; draft_logits ``(R, γ, V)`` float32 (Markov-corrected ``z``; ``q = softmax(z/T)``);
     prev_emb ``(R, γ, r)`` (``W1[x_{k-1}]``, r = 0 without a Markov head); hidden ``(R, γ, H)`` final-normed;
-    base_logits ``(R, γ, V)`` (``U = lm_head(hidden)``, None unless asked); conf_logit / conf / survival
+    base_logits ``(R, γ, V)`` (``U = lm_head(hidden)``, plus the copy head's bonus for a drafter with one; None
+    unless asked); conf_logit / conf / survival
     ``(R, γ)`` float32 (None without a confidence head). With a draft vocabulary the logits are still over the
     whole vocabulary, ``outside_logit`` (q = 0) at the ids outside it.
     """
@@ -150,8 +151,7 @@ class DraftSteps:
             if copy_continuations is None or copy_matches is None:
                 raise ValueError(
                     "copy_continuations / copy_matches: this drafter reads copies (copy channel or copy head); "
-                    "pass each request's "
-                    "lookup continuation and match length (empty and 0 where there is none)"
+                    "pass each request's lookup continuation and match length (empty and 0 where there is none)"
                 )
             n = len(request_ids)
             if len(copy_continuations) != n or len(copy_matches) != n:
