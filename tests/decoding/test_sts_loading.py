@@ -61,8 +61,8 @@ def test_every_round_applies_the_loaded_temperatures_and_offsets():
     seen = []
     score = drafter.score
 
-    def spy(hidden, prev_emb, sts_t, sts_b):
-        out = score(hidden, prev_emb, sts_t, sts_b)
+    def spy(hidden, prev_emb, sts_t, sts_b, **copy_inputs):
+        out = score(hidden, prev_emb, sts_t, sts_b, **copy_inputs)
         seen.append((sts_t, sts_b, out))
         return out
 
@@ -86,8 +86,8 @@ def test_a_shorter_gamma_drafts_only_its_slots_with_the_first_sts_entries():
     seen = []
     score = drafter.score
 
-    def spy(hidden, prev_emb, sts_t, sts_b):
-        out = score(hidden, prev_emb, sts_t, sts_b)
+    def spy(hidden, prev_emb, sts_t, sts_b, **copy_inputs):
+        out = score(hidden, prev_emb, sts_t, sts_b, **copy_inputs)
         seen.append((sts_t, hidden, out[2]))
         return out
 

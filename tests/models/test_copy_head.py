@@ -192,6 +192,11 @@ def test_copy_head_checkpoint_round_trip(target, tmp_path, pair):
         for name, t in head.state_dict().items():
             if name.startswith("copy_head."):
                 assert torch.equal(back.state_dict()[name], t), name
+        # loaded as bf16, the head stays float32 and drafts
+        bf16 = DSparkDrafter.from_pretrained(tmp_path / "d", target=target, dtype=torch.bfloat16)
+        assert bf16.dtype == torch.bfloat16 and bf16.copy_head.logit_bias.dtype == torch.float32
+        out = _draft(bf16, _context(bf16, target))
+        assert out.tokens.shape == (2, G) and torch.isfinite(out.survival).all()
     finally:
         head.float()
         with torch.no_grad():

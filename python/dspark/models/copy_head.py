@@ -51,7 +51,9 @@ class CopyHead(Float32Module):
         tok = copy_tokens[:, :g]
         n = copy_match.clamp(0, self.logit_bias.shape[1] - 1).unsqueeze(1).expand_as(tok)
         slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
-        bonus = self.logit_bias[slot, n] + (hidden.float() @ self.logit_gate) * self.gate_scale
+        bonus = (
+            self.logit_bias[slot, n] + (hidden.float() * self.logit_gate.float()).sum(-1) * self.gate_scale
+        )
         return bonus * (tok >= 0)
 
     def add_to_logits(

@@ -261,9 +261,14 @@ def place_embeddings(
     return aliased
 
 
+# the heads that stay float32 in a drafter of any dtype (``layers.Float32Module``)
+FLOAT32_MODULES = ("confidence_head.", "copy_head.")
+
+
 def loaded_state(tensors: dict[str, Tensor], dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
-    """The state dict to assign: every tensor in ``dtype`` on ``device``, the confidence head in float32."""
+    """The state dict to assign: every tensor in ``dtype`` on ``device``, the confidence and copy heads in
+    float32."""
     return {
-        n: t.to(device=device, dtype=torch.float32 if n.startswith("confidence_head.") else dtype)
+        n: t.to(device=device, dtype=torch.float32 if n.startswith(FLOAT32_MODULES) else dtype)
         for n, t in tensors.items()
     }
