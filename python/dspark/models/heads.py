@@ -288,7 +288,7 @@ class ConfidenceHead(Float32Module):
         x = torch.cat([hidden.float(), prev_emb[..., : self.input_rank].float()], -1)
         out = self.proj(x).squeeze(-1)
         if extra is not None:
-            out = out + extra[0].float() @ extra[1].float()
+            out = out + (extra[0].float() * extra[1].float()).sum(-1)  # no autocast to bf16
         return out
 
     def forward(
