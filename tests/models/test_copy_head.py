@@ -12,31 +12,14 @@ import pytest
 import torch
 
 from dspark.models.drafter import DSparkDrafter
-from tests.decoding.toy_models import tiny_target
+from tests.training.test_copy_channel import _drafter, frozen_target
 
-G = 5
-
-
-def _drafter(t, seed: int = 1, **inputs) -> DSparkDrafter:
-    torch.manual_seed(seed)
-    L = t.config.num_hidden_layers
-    return DSparkDrafter.from_config(
-        t,
-        block_size=G,
-        num_layers=1,
-        target_layer_ids=[0, L - 2],
-        markov_rank=8,
-        initializer_range=0.2,
-        **inputs,
-    ).eval()
+G = 5  # the block size of test_copy_channel._drafter
 
 
-@pytest.fixture(scope="module")
-def target():
-    t = tiny_target("llama", vocab=96, layers=4)
-    for p in t.parameters():
-        p.requires_grad_(False)
-    return t
+@pytest.fixture(scope="module", name="target")
+def _target():
+    return frozen_target()
 
 
 @pytest.fixture(scope="module")

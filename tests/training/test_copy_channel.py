@@ -46,12 +46,17 @@ def _perturb_inputs(d: DSparkDrafter, seed: int = 7) -> None:
         d.tap_norm.weight.copy_(1 + 0.5 * torch.randn(d.tap_norm.weight.shape, generator=g))
 
 
-@pytest.fixture(scope="module")
-def target():
+def frozen_target():
+    """The tiny target of the copy tests, its parameters frozen."""
     t = tiny_target("llama", vocab=96, layers=4)
     for p in t.parameters():
         p.requires_grad_(False)
     return t
+
+
+@pytest.fixture(scope="module")
+def target():
+    return frozen_target()
 
 
 def _repetitive(n: int, seed: int = 0) -> torch.Tensor:

@@ -10,35 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from dspark.decoding.lookup import LookupConfig, LookupIndex
-from dspark.models.drafter import DSparkDrafter
 from dspark.training.features import FeatureCache, Sample, loss_mask_for, target_features
 from dspark.training.objective import LossWeights, block_hidden, packed_block_loss, packed_copy_inputs
 from dspark.training.trainer import TrainConfig, train, training_only
-from tests.decoding.toy_models import tiny_target
-from tests.training.test_copy_channel import _repetitive
+from tests.training.test_copy_channel import _drafter, _repetitive, frozen_target
 from tests.training.test_trainer import _rows
 
 
-def _drafter(t, seed: int = 1, **inputs) -> DSparkDrafter:
-    torch.manual_seed(seed)
-    L = t.config.num_hidden_layers
-    return DSparkDrafter.from_config(
-        t,
-        block_size=5,
-        num_layers=1,
-        target_layer_ids=[0, L - 2],
-        markov_rank=8,
-        initializer_range=0.2,
-        **inputs,
-    ).eval()
-
-
-@pytest.fixture(scope="module")
-def target():
-    t = tiny_target("llama", vocab=96, layers=4)
-    for p in t.parameters():
-        p.requires_grad_(False)
-    return t
+@pytest.fixture(scope="module", name="target")
+def _target():
+    return frozen_target()
 
 
 def _nonzero_head(d, seed: int = 3) -> None:
