@@ -47,7 +47,11 @@ What one batch size R measures (all greedy, EOS ignored, R random prompts of ``-
    common prefix): a gap within rounding (1e-3 in fp32; 0.1 in bf16) is a near-tie, counted and shown but not
    a failure; random weights make near-ties likelier than a trained model does. Any other difference on (A)
    exits with status 1 after the report is written; on (B) (bf16) it is reported only.
-5. **Cost table and projection**: the timed rounds become dspark's cost table (verify ms per (R, B = R·l),
+5. **CUDA graphs** (CUDA, unless ``--no-graphs``): both engine runs again with ``cuda_graphs=True`` (the
+   target's decode / verify forwards replayed from graphs bucketed by request and token count; the untimed
+   first rounds of each l capture them), without op marks; their round times against the eager runs, the
+   graphs' captures and pool memory, and their tokens in the greedy canary.
+6. **Cost table and projection**: the timed rounds become dspark's cost table (verify ms per (R, B = R·l),
    drafter round ms per R; ``--sps PATH`` writes it, loadable as ``sps_table`` by the planner; with two models
    the model's key is inserted before the suffix: ``costs.A.json``, ``costs.B.json``), and projected tokens/s
    at τ in ``--taus`` (default 1.5, 2, 3, 4) = R·τ / t_round(R, l) for τ ≤ l, beside the plain engine's
@@ -117,6 +121,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="mark every attention / KV-append call inside verify (two marks per layer; default: on)",
     )
+    ap.add_argument(
+        "--no-graphs",
+        dest="graphs",
+        action="store_false",
+        help="CUDA: skip the second pair of engine runs with the target's forwards in CUDA graphs",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     ap.add_argument("--json", type=Path, default=None, help="write every number here")
     ap.add_argument("--sps", type=Path, default=None, help="write the measured cost table(s) here")
@@ -175,10 +185,20 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, c
         with instrumented(ops=args.op_marks):
             spec_run = run_engine(target, drafter, prompts, plan, new_tokens, clock, planner)
             plain_run = run_engine(target, None, prompts, plain_plan, new_tokens, clock)
-        # both decoders are closed: the target runs its own attention again
+        runs = {"dspark": spec_run.sequences, "plain": plain_run.sequences}
+        graphs = None
+        if args.graphs and device.type == "cuda":
+            with instrumented(ops=False):  # no op marks: a replayed graph does not call the ops from Python
+                g_spec = run_engine(target, drafter, prompts, plan, new_tokens, clock, planner, True)
+                g_plain = run_engine(target, None, prompts, plain_plan, new_tokens, clock, cuda_graphs=True)
+            graphs = report.GraphRuns(
+                report.cells(g_spec.rounds), report.cells(g_plain.rounds).get(1), g_spec, g_plain
+            )
+            runs.update({"dspark+graphs": g_spec.sequences, "plain+graphs": g_plain.sequences})
+        # every decoder is closed: the target runs its own attention again
         hf = run_hf(target, prompts, new_tokens, cache, args.hf_compile)
         canary = report.canary(
-            {"dspark": spec_run.sequences, "plain": plain_run.sequences},
+            runs,
             hf.sequences,
             functools.partial(_gap, target, prompts, hf.sequences),
             TIE_TOLERANCE[spec.dtype],
@@ -186,7 +206,7 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, c
         )
         spec_cells = report.cells(spec_run.rounds)
         plain_cells = report.cells(plain_run.rounds)
-        b = report.Batch(R, spec_cells, plain_cells.get(1), hf, spec_run, plain_run, canary)
+        b = report.Batch(R, spec_cells, plain_cells.get(1), hf, spec_run, plain_run, canary, graphs)
         batches.append(b)
         if not canary["ok"]:
             print(f"!!! CANARY: {spec.key} R={R}: {canary}", file=sys.stderr, flush=True)
@@ -236,6 +256,10 @@ def print_model(section: dict, args: argparse.Namespace, clock: Clock) -> None:
         "Baselines at the same batch (step time = one token per request; peak = max allocated, weights in)\n"
     )
     print(report.baseline_table(batches) + "\n")
+    graphs = report.graphs_table(batches)
+    if graphs is not None:
+        print("The target's forwards replayed from CUDA graphs (`cuda_graphs=True`) against eager\n")
+        print(graphs + "\n")
     print("Measured cost table (written by --sps)\n")
     print(report.cost_markdown(batches) + "\n")
     print(report.projection_markdown(section["projection"], args.taus) + "\n")

@@ -5,7 +5,7 @@
 #   2. pytest -m cuda (every op's CUDA result against its CPU result with the same inputs and seeds, opcheck,
 #      CUDA-graph replay, the decoder's greedy output and host-sync count on CUDA);
 #   3. the end-to-end round benchmark (bench_e2e_gpu.py: random SmolLM2-135M- and Qwen3-8B-shaped targets,
-#      per-stage CUDA-event times, HF generate baselines, greedy canary), the full run when enough of the budget
+#      per-stage CUDA-event times, HF generate baselines, eager vs CUDA-graph rounds, greedy canary), the full run when enough of the budget
 #      is left, else its --quick run;
 #   4. the per-op microbenchmarks with --device cuda, while the time budget lasts;
 #   5. compute-sanitizer memcheck over the CUDA op tests, if time is left.
@@ -20,7 +20,8 @@
 #
 # Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_E2E (auto: the full
 # bench_e2e_gpu run when at least DEVICE_CHECK_E2E_FULL_S seconds (default 330) would be left for it, else
-# --quick; full, quick, or off), DEVICE_CHECK_BENCHES (the ops to benchmark, default all six),
+# --quick; full, quick, or off), DEVICE_CHECK_E2E_ARGS (more bench_e2e_gpu arguments, e.g. --no-graphs: the full
+# run measures eager and CUDA-graph rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all six),
 # DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default "not graph"), DSPARK_CUDA_ARCHS
 # (default 90a), DSPARK_ENABLE_CUDA (default ON; OFF with BENCH_DEVICE=cpu rehearses the script on a machine
 # without a GPU; bench_e2e_gpu then runs --quick on the CPU).
@@ -92,7 +93,8 @@ else
   fi
   [ "$t" -gt 400 ] && t=400
   say "bench_e2e_gpu ${e2e[*]:-full} (${t}s of $(left)s left)"
-  timeout "$t" "$PY" benchmarks/bench_e2e_gpu.py --device "$BENCH_DEVICE" "${e2e[@]}" \
+  # shellcheck disable=SC2086 (DEVICE_CHECK_E2E_ARGS: extra words, e.g. "--no-graphs" or "--models A")
+  timeout "$t" "$PY" benchmarks/bench_e2e_gpu.py --device "$BENCH_DEVICE" "${e2e[@]}" ${DEVICE_CHECK_E2E_ARGS:-} \
     --json "$OUT/e2e_gpu.json" --sps "$OUT/e2e_gpu_costs.json" >"$OUT/e2e_gpu.md" 2>&1
   rc_e2e=$?
   [ "$rc_e2e" -ne 0 ] &&

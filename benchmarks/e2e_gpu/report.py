@@ -68,6 +68,24 @@ def cells(rounds: list[RoundTime]) -> dict[int, Cell]:
 
 
 @dataclass
+class GraphRuns:
+    """The same two engine runs with the target's forwards replayed from CUDA graphs."""
+
+    spec: dict[int, Cell]
+    plain: Cell | None
+    spec_run: EngineRun
+    plain_run: EngineRun
+
+    def to_dict(self) -> dict:
+        return {
+            "speculative": {str(k): asdict(c) for k, c in self.spec.items()},
+            "plain": asdict(self.plain) if self.plain else None,
+            "peak_mb": {"dspark": self.spec_run.peak_mb, "plain": self.plain_run.peak_mb},
+            "stats": {"dspark": self.spec_run.graphs, "plain": self.plain_run.graphs},
+        }
+
+
+@dataclass
 class Batch:
     """Everything measured at one batch size R."""
 
@@ -78,9 +96,11 @@ class Batch:
     spec_run: EngineRun
     plain_run: EngineRun
     canary: dict[str, Any]
+    graphs: GraphRuns | None = None
 
     def to_dict(self) -> dict:
         return {
+            "graphs": self.graphs.to_dict() if self.graphs else None,
             "R": self.R,
             "speculative": {str(k): asdict(c) for k, c in self.spec.items()},
             "plain": asdict(self.plain) if self.plain else None,
@@ -265,6 +285,33 @@ def baseline_table(batches: list[Batch]) -> str:
             f"| {b.R} | {_f(p)} | {_f(b.hf.step_ms)} | {cache} | {_f(b.R / p * 1e3 if p else None, '.1f')} | "
             f"{_f(b.R / b.hf.step_ms * 1e3 if b.hf.step_ms > 0 else None, '.1f')} | {mem} | {ok} |"
         )
+    return "\n".join(lines)
+
+
+def graphs_table(batches: list[Batch]) -> str | None:
+    """Round (plain: step) time eager vs replayed from CUDA graphs, per R and l; None without graph runs."""
+    if not any(b.graphs for b in batches):
+        return None
+    head = ["R", "l", "eager round ms", "graphs round ms", "eager / graphs", "verify eager / graphs ms"]
+    head += ["captures", "graph pool MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for b in batches:
+        g = b.graphs
+        if g is None:
+            continue
+        pairs = [(b.spec.get(n), c, g.spec_run) for n, c in g.spec.items()]
+        pairs.append((b.plain, g.plain, g.plain_run))
+        for eager, graphed, run in pairs:
+            if eager is None or graphed is None:
+                continue
+            stats = run.graphs or {}
+            ratio = eager.round_ms / graphed.round_ms if graphed.round_ms > 0 else None
+            label = "plain" if run is g.plain_run else str(graphed.verify_len)
+            lines.append(
+                f"| {b.R} | {label} | {_f(eager.round_ms)} | {_f(graphed.round_ms)} | {_f(ratio)}x | "
+                f"{_f(eager.stages['verify'])} / {_f(graphed.stages['verify'])} | {stats.get('captures', '-')} | "
+                f"{stats.get('pool_mib', '-')} |"
+            )
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ import torch
 import dspark.models.target as target_module
 from dspark import DSparkDecoder
 from dspark.decoding.stats import DSparkStats
+from dspark.models.target_graphs import describe
 
 
 class Clock:
@@ -179,6 +180,7 @@ class EngineRun:
     peak_mb: float | None
     rounds_run: int
     accepted_drafts: int
+    graphs: dict | None = None  # GraphStats of a run with CUDA graphs (target_graphs.describe)
 
 
 def peak_reset(device: torch.device) -> None:
@@ -208,13 +210,15 @@ def run_engine(
     max_new_tokens: int,
     clock: Clock,
     planner: Any = None,
+    cuda_graphs: bool = False,
 ) -> EngineRun:
     """``DSparkDecoder.generate`` (greedy, EOS ignored) of all ``prompts`` at once, round ``i`` run with verify
     length ``schedule[i][0]`` and counted when ``schedule[i][1]`` (later rounds: not counted).
 
     With ``drafter`` None this is plain decoding through the engine (the schedule's lengths are ignored: 1).
     The drafter drafts all γ slots every round (``adaptive_slots=False``), so the draft stages cost the same at
-    every verify length.
+    every verify length. ``cuda_graphs``: the target's forwards replay from CUDA graphs (the first rounds of
+    each verify length, untimed, capture them); ``EngineRun.graphs`` then says what they did.
     """
     R = len(prompts)
     device = target.device
@@ -226,6 +230,7 @@ def run_engine(
         drafter,
         max_batch_size=R,
         max_kv_pages=kv_pages(R, max(len(p) for p in prompts), max_new_tokens),
+        cuda_graphs=cuda_graphs,
         **kwargs,
     )
     rec = Recorder(clock)
@@ -276,13 +281,14 @@ def run_engine(
         wall = time.perf_counter() - t0
         mem = peak_mb(device)
         rounds = rec.resolve()
+        graphs = describe(dec.adapter.graph_stats) if cuda_graphs else None
     finally:
         _ACTIVE.remove(rec)
         if drafter is not None:
             del drafter.append_context  # back to the class's method
         dec.close()
     accepted = sum(k * n for k, n in enumerate(out.stats.accepted_hist))
-    return EngineRun(out.sequences, rounds, wall, mem, len(rec.rounds), accepted)
+    return EngineRun(out.sequences, rounds, wall, mem, len(rec.rounds), accepted, graphs)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from dspark.decoding.decoder import DSparkDecoder, GenerateOutput, StreamEvent
 from dspark.decoding.planner import Planner
 from dspark.decoding.tables import SpsTable
 from dspark.models import DSparkDrafter
+from dspark.models.target_graphs import GraphBuckets
 
 
 def build_info() -> dict:
@@ -42,6 +43,7 @@ __all__ = [
     "DSparkDecoder",
     "DSparkDrafter",
     "GenerateOutput",
+    "GraphBuckets",
     "Planner",
     "SpsTable",
     "StreamEvent",

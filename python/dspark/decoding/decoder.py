@@ -37,6 +37,7 @@ from dspark.kv import KVPoolExhausted
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.pairing import target_text_config, validate_pairing
 from dspark.models.target import TargetAdapter
+from dspark.models.target_graphs import GraphBuckets
 
 __all__ = ["DSparkDecoder", "GenerateOutput", "RoundRecord", "StreamEvent", "chat_token_ids"]
 
@@ -96,6 +97,10 @@ class DSparkDecoder:
         Prior of the lookup acceptance by (match length, position): ``lookup_prior.json`` as ``dspark calibrate``
         writes it (next to ``sts.json``); None: a weak default. The decoder refines it online from every
         committed token.
+    cuda_graphs : bool or GraphBuckets
+        Replay the target's decode / verify forwards from CUDA graphs bucketed by request and token count
+        (:class:`dspark.models.target.TargetAdapter`; prefills stay eager). CUDA only; default off.
+        ``decoder.adapter.graph_stats`` says what they did.
     """
 
     def __init__(
@@ -117,6 +122,7 @@ class DSparkDecoder:
         adaptive_slots: bool = True,
         lookup: bool | LookupConfig = False,
         lookup_prior: str | Path | dict | None = None,
+        cuda_graphs: bool | GraphBuckets = False,
     ) -> None:
         # every argument is checked before the target is touched (TargetAdapter switches its attention last)
         if drafter is not None:
@@ -169,7 +175,11 @@ class DSparkDecoder:
         self.host = HostReader()  # every device -> host read of a round goes through it (counted)
         self._open_call = False  # a generate call (or stream) is running
         self.adapter = TargetAdapter(
-            target, page_size=page_size, max_pages=max_kv_pages, linear_max_rows=linear_max_rows
+            target,
+            page_size=page_size,
+            max_pages=max_kv_pages,
+            linear_max_rows=linear_max_rows,
+            cuda_graphs=cuda_graphs,
         )
         dev = self.adapter.device  # the STS vectors move to the device once, not every round
         self.sts = None if sts_t is None else sts_t.to(dev)

@@ -181,14 +181,19 @@ class PagePool:
     # ---- batch index ----------------------------------------------------------------------------------------
     def batch_index(self, rids: Sequence[Hashable], device: torch.device | str = "cpu") -> PagedBatchIndex:
         """The ragged page index (int32) of ``rids`` in this order, for ``paged_verify_attention``."""
+        as_i32 = lambda x: to_device(x, device, torch.int32)  # noqa: E731 (pinned + async on CUDA)
+        return PagedBatchIndex(*(as_i32(x) for x in self.host_batch_index(rids)))
+
+    def host_batch_index(self, rids: Sequence[Hashable]) -> tuple[list[int], list[int], list[int]]:
+        """``(kv_indptr, kv_indices, kv_last_page_len)`` of :meth:`batch_index` as host lists (for callers that
+        pad them into buffers of their own)."""
         indptr, indices, last = [0], [], []
         for rid in rids:
             req = self._get(rid)
             indices.extend(req.pages)
             indptr.append(len(indices))
             last.append(req.length - (len(req.pages) - 1) * self.page_size if req.pages else 0)
-        as_i32 = lambda x: to_device(x, device, torch.int32)  # noqa: E731 (pinned + async on CUDA)
-        return PagedBatchIndex(as_i32(indptr), as_i32(indices), as_i32(last))
+        return indptr, indices, last
 
     def check(self) -> None:
         """Assert the accounting invariants (for tests and debugging)."""

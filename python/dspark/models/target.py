@@ -33,6 +33,7 @@ from dspark.models.support import (  # noqa: F401 (tap_layers, TESTED_FAMILIES: 
     decoder_layers,
     tap_layers,
 )
+from dspark.models.target_graphs import GraphBuckets, GraphStats, TargetGraphs
 from dspark.ops import paged_kv_append, paged_verify_attention
 
 ATTN_NAME = "dspark"
@@ -212,6 +213,11 @@ class TargetAdapter:
         (on an H200 it took 3-7x longer than SDPA for 768-row prefills, docs/benchmarks.md; where between its
         fast 16-row verify blocks and 768 rows the two cross has not been measured), and off elsewhere; ``0``
         turns it off.
+    cuda_graphs : bool or GraphBuckets
+        Capture decode / verify forwards (every request already in the cache) in CUDA graphs bucketed by request
+        and packed token count, and replay them (:mod:`dspark.models.target_graphs`; True: the default
+        :class:`~dspark.models.target_graphs.GraphBuckets`). Prefills and shapes past the buckets run eagerly.
+        CUDA only (ValueError elsewhere); off by default. A capture synchronises the device (once per bucket).
 
     Examples
     --------
@@ -232,8 +238,13 @@ class TargetAdapter:
         dtype: torch.dtype | None = None,
         linear_max_rows: int | None = None,
         dense_prefill_min_rows: int | None = None,
+        cuda_graphs: bool | GraphBuckets = False,
     ) -> None:
         check_supported(model)
+        if not isinstance(cuda_graphs, (bool, GraphBuckets)):
+            raise ValueError(
+                f"cuda_graphs: expected a bool or a GraphBuckets, got {type(cuda_graphs).__name__}"
+            )
         if linear_max_rows is not None and int(linear_max_rows) < 0:
             raise ValueError(f"linear_max_rows: must be >= 0 or None, got {linear_max_rows}")
         if dense_prefill_min_rows is not None and int(dense_prefill_min_rows) < 0:
@@ -268,6 +279,9 @@ class TargetAdapter:
         # packed-sequence check of position_ids, which reads a device value back (a sync on every forward).
         # dspark attention ignores it and masks from the ragged metadata.
         self._mask_placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
+        buckets = GraphBuckets() if cuda_graphs is True else cuda_graphs or None
+        # checked before the model is switched to dspark attention: a refusal leaves it as it was
+        self.graphs = TargetGraphs(self, buckets) if buckets is not None else None
         register_dspark_attention()
         # Adapters over one model share its switch: the first records the model's own implementation and the
         # last one closed restores it (a later adapter must not record "dspark" as the model's own).
@@ -301,6 +315,8 @@ class TargetAdapter:
         if self._closed:
             return
         self._closed = True
+        if self.graphs is not None:
+            self.graphs.reset()
         self.k_cache, self.v_cache = [], []
         users = getattr(self.model, _USERS_ATTR)
         users["count"] -= 1
@@ -308,6 +324,11 @@ class TargetAdapter:
             delattr(self.model, _USERS_ATTR)
             if users["previous"] is not None:
                 self.model.set_attn_implementation(users["previous"])
+
+    @property
+    def graph_stats(self) -> GraphStats | None:
+        """What the CUDA graphs did (None without ``cuda_graphs``)."""
+        return None if self.graphs is None else self.graphs.stats
 
     # ---- forward ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -375,7 +396,8 @@ class TargetAdapter:
             dense = 0 < self.dense_prefill_min_rows <= max(
                 (t.numel() for t in tokens), default=0
             ) and not any(old_len.values())
-            return self._run(items, tokens, slots, positions, rows, qo, lo, layers, dense)
+            prefill = not all(old_len.values())
+            return self._run(items, tokens, slots, positions, rows, qo, lo, layers, dense, prefill)
         except BaseException:
             for rid, n in old_len.items():
                 self.pool.truncate(rid, n)
@@ -412,14 +434,21 @@ class TargetAdapter:
             for i, c in enumerate(caches):
                 caches[i] = torch.cat([c, c.new_zeros(extra)])
 
-    def _run(self, items, tokens, slots, positions, rows, qo, lo, layers, dense) -> TargetOutput:
+    def _run(self, items, tokens, slots, positions, rows, qo, lo, layers, dense, prefill) -> TargetOutput:
         self._grow_caches()
-        dev = self.device
         rids = [it.rid for it in items]
+        if self.graphs is not None and not dense:
+            graphed = self.graphs.run(rids, tokens, slots, positions, torch.cat(rows), qo, layers, prefill)
+            if graphed is not None:
+                logits, hidden = graphed
+                return TargetOutput(logits=logits, logits_indptr=lo, hidden=hidden, qo_indptr=qo)
+        dev = self.device
         index = self.pool.batch_index(rids, device=dev)
-        meta = _Meta(
-            k_cache=self.k_cache,
-            v_cache=self.v_cache,
+        logits, captured = self.call_model(
+            torch.cat([to_device(t, dev) for t in tokens])[None],
+            to_device(torch.cat(positions), dev)[None],
+            to_device(torch.cat(rows), dev),
+            layers,
             slot_mapping=to_device(torch.cat(slots), dev),
             qo_indptr=to_device(qo, dev, torch.int32),
             kv_indptr=index.kv_indptr,
@@ -428,6 +457,22 @@ class TargetAdapter:
             max_kv_len=max((self.pool.length(r) for r in rids), default=0),
             dense_qo=qo if dense else None,
         )
+        return TargetOutput(logits=logits, logits_indptr=lo, hidden=captured, qo_indptr=qo)
+
+    def call_model(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        logits_to_keep: Tensor | int,
+        layers: Sequence[int],
+        **meta: Any,
+    ) -> tuple[Tensor, dict[int, Tensor]]:
+        """One packed forward of the model over the adapter's caches (the eager path and the graphs' body).
+
+        ``input_ids`` / ``position_ids`` ``(1, T)`` on the device; ``logits_to_keep`` the row indices that get
+        logits (``0``: every row); ``meta`` the fields of the attention metadata (``_Meta``). Returns the logits
+        ``(N, V)`` and the tapped layers' outputs ``{layer: (T, H)}``.
+        """
         captured: dict[int, Tensor] = {}
         handles = tap_layers(
             self._layers, sorted(set(layers)), lambda layer, h: captured.__setitem__(layer, h[0])
@@ -435,14 +480,14 @@ class TargetAdapter:
         try:
             with weight_stationary_linears(self._linears, self.linear_max_rows):
                 out = self.model(
-                    input_ids=torch.cat([to_device(t, dev) for t in tokens])[None],
-                    position_ids=to_device(torch.cat(positions), dev)[None],
+                    input_ids=input_ids,
+                    position_ids=position_ids,
                     attention_mask=self._mask_placeholder,
                     use_cache=False,
-                    logits_to_keep=to_device(torch.cat(rows), dev),
-                    dspark_meta=meta,
+                    logits_to_keep=logits_to_keep,
+                    dspark_meta=_Meta(k_cache=self.k_cache, v_cache=self.v_cache, **meta),
                 )
         finally:
             for h in handles:
                 h.remove()
-        return TargetOutput(logits=out.logits[0], logits_indptr=lo, hidden=captured, qo_indptr=qo)
+        return out.logits[0], captured

@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DSparkDecoder with the target's forwards replayed from CUDA graphs (skipped without a GPU and a CUDA build).
+
+Greedy output equals the target's own greedy decoding through ragged verify blocks, truncation (rejected
+drafts), preemption, a KV cache that grows (the graphs are dropped and captured again) and evictions; a round
+still waits for the device only at its counted reads once the buckets are captured; a capture that fails turns
+graphs off with a warning and the output stays right. The padding itself is tested on any device in
+tests/models/test_target_graphs.py.
+"""
+
+import random
+
+import pytest
+import torch
+
+from dspark import DSparkDecoder, GraphBuckets
+from dspark.models.target import TargetAdapter
+from dspark.models.target_graphs import TargetGraphs
+from tests.decoding.test_decoder import SPS, hf_greedy, prompts_of
+from tests.decoding.test_decoder_cuda import _count_syncs, _uncounted
+from tests.decoding.toy_models import random_drafter, tiny_target
+from tests.models.test_target_graphs import ATOL, _ragged_rounds
+from tests.models.tiny import tiny_model
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize("mode", ["full", "early_stop"])
+@pytest.mark.parametrize("lookup", [False, True])
+def test_greedy_with_graphs_equals_the_target_and_syncs_only_at_counted_reads(mode, lookup):
+    target = tiny_target("llama", seed=5).to("cuda")
+    prompts = prompts_of([4, 9, 13, 2], 96, seed=5)
+    want = [hf_greedy(target, p, 12) for p in prompts]
+    dec = DSparkDecoder(
+        target,
+        random_drafter(target),
+        planner=mode,
+        sps_table=SPS,
+        max_batch_size=4,
+        lookup=lookup,
+        cuda_graphs=True,
+    )
+    try:
+        dec.generate(prompts, max_new_tokens=12, eos_token_id=[])  # captures the buckets this call uses
+        captured = dec.adapter.graph_stats.captures
+        before = dec.host.syncs
+        out, stacks = _count_syncs(lambda: dec.generate(prompts, max_new_tokens=12, eos_token_id=[]))
+        counted = dec.host.syncs - before
+        stats = dec.adapter.graph_stats
+    finally:
+        dec.close()
+    assert out.sequences == want
+    assert stats.disabled is None and stats.replays > 0 and captured > 0
+    others = _uncounted(stacks)
+    if stats.captures == captured:  # no new bucket in the measured call (a capture synchronises once)
+        assert not others and len(stacks) == counted, "\n----\n".join(others)
+
+
+def test_graphs_survive_preemption_cache_growth_and_evictions():
+    target = tiny_target("llama", seed=7).to("cuda")
+    prompts = prompts_of([20, 25, 18, 30, 22], 96, seed=7)
+    want = [hf_greedy(target, p, 14) for p in prompts]
+    buckets = GraphBuckets(requests=(1, 2, 4, 8), tokens=(4, 8, 16, 32, 64), max_graphs=2)
+    # 12 pages cannot hold five requests of ~45 tokens: requests get preempted and resumed
+    dec = DSparkDecoder(
+        target, random_drafter(target), max_batch_size=5, max_kv_pages=12, cuda_graphs=buckets
+    )
+    try:
+        out = dec.generate(prompts, max_new_tokens=14, eos_token_id=[])
+        stats = dec.adapter.graph_stats
+    finally:
+        dec.close()
+    assert out.sequences == want
+    assert stats.replays > 0 and stats.evictions > 0 and stats.disabled is None
+
+
+def test_captured_forwards_equal_the_plain_forward_when_the_cache_grows():
+    model = tiny_model("llama", seed=3).to("cuda")
+    plain = TargetAdapter(model, page_size=4, num_pages=2)  # the pools double several times
+    graphed = TargetAdapter(model, page_size=4, num_pages=2)
+    graphed.graphs = TargetGraphs(graphed, GraphBuckets(requests=(4,), tokens=(8, 16)))
+    outs = _ragged_rounds(plain, graphed, random.Random(0), model.config.vocab_size, rounds=8)
+    for want, got in outs:
+        torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
+        for layer in want.hidden:
+            torch.testing.assert_close(got.hidden[layer], want.hidden[layer], atol=ATOL, rtol=0)
+    stats = graphed.graph_stats
+    assert (
+        stats.replays == len(outs) and stats.captures > 2
+    )  # captured again after the caches were reallocated
+    assert graphed.pool.total_pages > 2
+
+
+def test_a_failed_capture_turns_graphs_off_and_the_output_stays_right(monkeypatch):
+    target = tiny_target("llama", seed=5).to("cuda")
+    prompts = prompts_of([4, 9], 96, seed=5)
+    want = [hf_greedy(target, p, 8) for p in prompts]
+    dec = DSparkDecoder(target, random_drafter(target), cuda_graphs=True)
+    real = dec.adapter.call_model
+
+    def syncing(*args, **kwargs):  # a host read under capture is what breaks a capture in practice
+        if torch.cuda.is_current_stream_capturing():
+            torch.ones(1, device="cuda").item()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dec.adapter, "call_model", syncing)
+    try:
+        with pytest.warns(RuntimeWarning, match="CUDA graph capture failed"):
+            out = dec.generate(prompts, max_new_tokens=8, eos_token_id=[])
+        stats = dec.adapter.graph_stats
+    finally:
+        dec.close()
+    assert out.sequences == want
+    assert stats.disabled is not None and stats.eager.get("disabled", 0) > 0
