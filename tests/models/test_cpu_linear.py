@@ -58,12 +58,24 @@ def test_autograd_inputs_take_the_standard_path():
 def test_default_limit_follows_threads_and_platform(monkeypatch):
     monkeypatch.setattr(cpu_linear.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(cpu_linear.torch.backends.mkl, "is_available", lambda: True)
+    monkeypatch.setattr(cpu_linear, "pays_here", lambda threads: True)
     monkeypatch.setattr(cpu_linear.torch, "get_num_threads", lambda: 1)
     assert cpu_linear.default_max_rows() == 4
     monkeypatch.setattr(cpu_linear.torch, "get_num_threads", lambda: 2)
     assert cpu_linear.default_max_rows() == 64
+    monkeypatch.setattr(cpu_linear, "pays_here", lambda threads: False)  # measured slower on this CPU
+    assert cpu_linear.default_max_rows() == 0
+    monkeypatch.setattr(cpu_linear, "pays_here", lambda threads: True)
     monkeypatch.setattr(cpu_linear.platform, "machine", lambda: "aarch64")
     assert cpu_linear.default_max_rows() == 0
+
+
+def test_the_probe_is_measured_once_per_thread_count():
+    """pays_here is a measurement: it returns a bool and is cached per thread count (one probe a process)."""
+    threads = torch.get_num_threads()
+    first = cpu_linear.pays_here(threads)
+    assert isinstance(first, bool) and cpu_linear.pays_here(threads) is first
+    assert cpu_linear.pays_here.cache_info().hits >= 1
 
 
 class _QuantLinear(nn.Linear):

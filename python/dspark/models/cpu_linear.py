@@ -29,14 +29,47 @@ from torch import Tensor, nn
 def default_max_rows() -> int:
     """Rows up to which the weight-stationary product is used: 0 where it does not pay.
 
-    Measured (benchmarks/bench_cpu_linear.py, docs/benchmarks.md) on an x86 CPU with MKL: with one thread it is
-    1.3–2.3× faster at M ≤ 4 and no faster beyond; with two threads 1.5–3.5× at M ≤ 8 and 1.0–1.3× up to 64
-    (MKL runs ``x · Wᵀ`` on one thread at few rows). Elsewhere (another BLAS, another architecture) it is not
-    used unless asked for.
+    Measured (benchmarks/bench_cpu_linear.py, docs/benchmarks.md) on AMD EPYC CPUs with MKL: with one thread
+    it is 1.3–2.3× faster at M ≤ 4 and no faster beyond; with two threads 1.5–3.5× at M ≤ 8 and 1.0–1.3× up to
+    64 (MKL runs ``x · Wᵀ`` on one thread at few rows). On an Intel Xeon with AMX it was the other way round
+    (a SmolLM2-135M step 2.2× slower), so on x86 with MKL the choice is confirmed once per process and thread
+    count by :func:`pays_here`; elsewhere (another BLAS, another architecture) it is not used unless asked for.
     """
     if not torch.backends.mkl.is_available() or platform.machine().lower() not in ("x86_64", "amd64"):
         return 0
-    return 4 if torch.get_num_threads() < 2 else 64
+    threads = torch.get_num_threads()
+    if not pays_here(threads):
+        return 0
+    return 4 if threads < 2 else 64
+
+
+@functools.lru_cache(maxsize=None)
+def pays_here(threads: int) -> bool:
+    """Whether ``(W · xᵀ)ᵀ`` beats ``F.linear`` by 10 % for a 1-row and a 4-row input on this CPU at
+    ``threads`` threads (medians of 7 timings of a 2048 × 1024 fp32 weight, ~40 ms once per process)."""
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2048, 1024, generator=g)
+
+    def median_s(fn) -> float:
+        for _ in range(2):
+            fn()
+        ts = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts)[3]
+
+    with torch.no_grad():
+        for rows in (1, 4):
+            x = torch.randn(rows, 1024, generator=g)
+            plain = median_s(lambda x=x: F.linear(x, w))
+            stationary = median_s(lambda x=x: linear(x, w, max_rows=rows))
+            if not stationary < 0.9 * plain:
+                return False
+    return True
 
 
 def applies(x: Tensor, weight: Tensor, max_rows: int, bias: Tensor | None = None) -> bool:
