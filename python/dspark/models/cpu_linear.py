@@ -43,7 +43,7 @@ def default_max_rows() -> int:
     return 4 if threads < 2 else 64
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pays_here(threads: int) -> bool:
     """Whether ``(W · xᵀ)ᵀ`` beats ``F.linear`` by 10 % for a 1-row and a 4-row input on this CPU at
     ``threads`` threads (medians of 7 timings of a 2048 × 1024 fp32 weight, ~40 ms once per process)."""
@@ -66,7 +66,7 @@ def pays_here(threads: int) -> bool:
         for rows in (1, 4):
             x = torch.randn(rows, 1024, generator=g)
             plain = median_s(lambda x=x: F.linear(x, w))
-            stationary = median_s(lambda x=x: linear(x, w, max_rows=rows))
+            stationary = median_s(lambda x=x, n=rows: linear(x, w, max_rows=n))
             if not stationary < 0.9 * plain:
                 return False
     return True
