@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``dspark`` command line: ``dspark info``, ``dspark demo`` and ``dspark generate``."""
+"""The ``dspark`` command line: ``dspark info``, ``dspark demo``, ``dspark generate`` and ``dspark convert``."""
 
 from __future__ import annotations
 
@@ -128,6 +128,19 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    """Convert a drafter checkpoint folder between packagings (docs/file-formats.md)."""
+    from dspark.models.packagings import convert
+
+    try:
+        source = convert(args.src, args.dst, args.format, force=args.force, verifier=args.verifier)
+    except (ValueError, FileExistsError, FileNotFoundError) as e:
+        print(f"dspark convert: {e}", file=sys.stderr)
+        return 2
+    print(f"dspark convert: {args.src} ({source}) -> {args.dst} ({args.format})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -194,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         help="--lookup: lookup_prior.json (default: the drafter folder's, when it has one)",
     )
     g.set_defaults(fn=_generate)
+    c = sub.add_parser("convert", help="convert a drafter checkpoint between packagings")
+    c.add_argument("src", help="drafter folder: deepspec, speculators, specforge or dflash (detected)")
+    c.add_argument("dst", help="output folder (new or empty unless --force)")
+    c.add_argument("--format", required=True, choices=["deepspec", "speculators", "specforge"])
+    c.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    c.add_argument("--verifier", default=None, help="speculators: the target's name or path")
+    c.set_defaults(fn=_convert)
     from dspark.training.cli import add_train_parser
 
     add_train_parser(sub)

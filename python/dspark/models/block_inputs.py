@@ -113,7 +113,7 @@ def block_embeddings(
     """
     c = model.config
     dev, dt = anchors.device, model.fc.weight.dtype
-    N, g = anchors.shape[0], c.block_size
+    N, g = anchors.shape[0], c.block_slots
     if c.learned_mask:
         x = model.mask_embed.to(dt).expand(N, g, -1).clone()
         x[:, 0] = F.embedding(anchors, embed).to(dt)

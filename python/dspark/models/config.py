@@ -109,6 +109,9 @@ class DrafterConfig:
     learned_mask: bool = False  # a trained MASK input (mask_embed) instead of mask_token_id's embedding
     tap_norm: bool = False  # an RMSNorm per tapped layer before fc (tap_norm.weight, (m * H,))
     copy_head: bool = False  # a learned bonus on the copied token's logit and confidence (copy_head.*)
+    # False: DFlash's layout (z-lab, SpecForge): the anchor's slot predicts nothing, the block has
+    # block_size + 1 slots and slot j + 1 drafts token j (docs/file-formats.md, "Drafter packagings")
+    sample_from_anchor: bool = True
     dtype: torch.dtype | None = None
     raw: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -122,6 +125,11 @@ class DrafterConfig:
     def uses_copies(self) -> bool:
         """Whether drafting reads the history's lookup continuation (``copy_channel`` or ``copy_head``)."""
         return self.copy_channel or self.copy_head
+
+    @property
+    def block_slots(self) -> int:
+        """Slots of the block forward: ``block_size`` drafts, plus the anchor's when it predicts nothing."""
+        return self.block_size + (0 if self.sample_from_anchor else 1)
 
     @property
     def has_markov(self) -> bool:
@@ -179,6 +187,8 @@ class DrafterConfig:
             raise ValueError(
                 "drafter config: attention_bias=true is not supported (DeepSpec drafters have none)"
             )
+        # config.json's block_size is the block's length; without sample_from_anchor one slot drafts nothing
+        from_anchor = get("sample_from_anchor", True)
         cfg = cls(
             hidden_size=hidden,
             intermediate_size=need("intermediate_size"),
@@ -188,7 +198,7 @@ class DrafterConfig:
             head_dim=get("head_dim") or hidden // max(heads, 1),  # heads < 1: validate() names it
             vocab_size=need("vocab_size"),
             num_hidden_layers=need("num_hidden_layers"),
-            block_size=need("block_size"),
+            block_size=need("block_size") - (0 if from_anchor else 1),
             mask_token_id=need("mask_token_id"),
             target_layer_ids=need("target_layer_ids"),
             num_target_layers=get("num_target_layers"),
@@ -205,6 +215,7 @@ class DrafterConfig:
             learned_mask=get("learned_mask", False),
             tap_norm=get("tap_norm", False),
             copy_head=get("copy_head", False),
+            sample_from_anchor=from_anchor,
             dtype=dtype_from_name(d.get("dtype", d.get("torch_dtype"))),
             raw=copy.deepcopy(d),
         )
@@ -214,7 +225,15 @@ class DrafterConfig:
     def validate(self) -> None:
         """Checks that need only the config (the pairing with a target is checked in ``pairing.py``)."""
         if self.block_size < 1:
-            raise ValueError(f"drafter config: block_size must be >= 1, got {self.block_size}")
+            raise ValueError(
+                f"drafter config: block_size must be >= {self.block_slots - self.block_size + 1}"
+                f"{'' if self.sample_from_anchor else ' (sample_from_anchor=false)'}, got {self.block_slots}"
+            )
+        if not self.sample_from_anchor and (self.uses_copies or self.context_projection or self.learned_mask):
+            raise ValueError(
+                "drafter config: sample_from_anchor=false is supported only without the v2 inputs "
+                "(copy_channel, copy_head, context_projection, learned_mask)"
+            )
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(
                 f"drafter config: mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})"
@@ -279,7 +298,7 @@ class DrafterConfig:
             vocab_size=self.vocab_size,
             num_hidden_layers=self.num_hidden_layers,
             layer_types=["full_attention"] * self.num_hidden_layers,
-            block_size=self.block_size,
+            block_size=self.block_slots,
             mask_token_id=self.mask_token_id,
             target_layer_ids=list(self.target_layer_ids),
             markov_rank=self.markov_rank,
@@ -300,6 +319,9 @@ class DrafterConfig:
         for key in ("copy_channel", "context_projection", "learned_mask", "tap_norm", "copy_head"):
             if getattr(self, key):
                 d[key] = True
+        d.pop("sample_from_anchor", None)
+        if not self.sample_from_anchor:  # written only when off, like the v2 flags
+            d["sample_from_anchor"] = False
         if self.has_markov:
             d["markov_head_type"] = self.markov_head_type
         else:

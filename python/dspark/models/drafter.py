@@ -181,7 +181,10 @@ class DSparkDrafter(DraftSteps, nn.Module):
         tokenizer=None,
         draft_vocab: bool | str | os.PathLike | Tensor | Sequence[int] | None = True,
     ) -> DSparkDrafter:
-        """Load a DeepSpec-layout checkpoint (``config.json`` + ``model.safetensors`` or a sharded index).
+        """Load a drafter checkpoint of any known packaging, detected from its ``config.json``: DeepSpec's layout
+        (``config.json`` + ``model.safetensors`` or a sharded index), vLLM's ``speculators`` (DFlash / DSpark;
+        ``d2t`` / ``t2d`` become the draft vocabulary), SpecForge's DSpark, z-lab's DFlash (docs/file-formats.md,
+        "Drafter packagings"). An unknown packaging is a ``ValueError`` listing the known ones.
 
         Parameters
         ----------
@@ -207,8 +210,9 @@ class DSparkDrafter(DraftSteps, nn.Module):
         tokenizer : optional
             The target's tokenizer, checked against the vocabulary (and the checkpoint's tokenizer, if stored).
         draft_vocab : bool, path, Tensor or sequence of int, optional
-            True (default): use the folder's ``draft_vocab.json`` when it has one. False / None: draft from the
-            whole vocabulary. A path: that file. Ids: those (see :meth:`set_draft_vocab`).
+            True (default): use the folder's ``draft_vocab.json`` (or the packaging's ``d2t``) when it has one.
+            False / None: draft from the whole vocabulary (refused for a checkpoint that stores only the draft
+            vocabulary's LM head rows). A path: that file. Ids: those (see :meth:`set_draft_vocab`).
 
         Raises
         ------
@@ -295,13 +299,27 @@ class DSparkDrafter(DraftSteps, nn.Module):
         return loading.checkpoint_tensors(self, include_embeddings)
 
     def save_pretrained(
-        self, path: str | os.PathLike, *, include_embeddings: bool = True, max_shard_bytes: int | None = None
+        self,
+        path: str | os.PathLike,
+        *,
+        include_embeddings: bool = True,
+        max_shard_bytes: int | None = None,
+        format: str = "deepspec",
+        verifier: str | None = None,
     ) -> None:
         """Write ``config.json`` + ``model.safetensors`` in DeepSpec's layout (reloads bit-identically), and
         ``draft_vocab.json`` when a draft vocabulary is set (a stale one in ``path`` is removed otherwise).
-        ``max_shard_bytes`` shards the weights (HF's ``model.safetensors.index.json``)."""
+        ``max_shard_bytes`` shards the weights (HF's ``model.safetensors.index.json``). ``format="speculators"``
+        (vLLM) or ``"specforge"`` writes that packaging instead, into a new or empty folder; ``verifier`` is the
+        target's name or path for a speculators config. What a format cannot represent is a ``ValueError``
+        naming it (docs/file-formats.md, "Drafter packagings")."""
         loading.save_pretrained(
-            self, path, include_embeddings=include_embeddings, max_shard_bytes=max_shard_bytes
+            self,
+            path,
+            include_embeddings=include_embeddings,
+            max_shard_bytes=max_shard_bytes,
+            format=format,
+            verifier=verifier,
         )
 
     # ---- per-request context --------------------------------------------------------------------------------
@@ -403,7 +421,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
         )
         cos, sin = self.rotary_emb.cos_sin(pos, self.dtype)
         for ctx, n in zip(ctxs, counts, strict=True):
-            ctx.reserve(ctx.length + n + c.block_size)
+            ctx.reserve(ctx.length + n + c.block_slots)
         for li, layer in enumerate(self.layers):
             k, v = layer.self_attn.project_kv(ctx_rows, cos, sin)
             off = 0

@@ -14,9 +14,11 @@ import torch
 from torch import Tensor, nn
 
 from dspark.models import checkpoint as ckpt
+from dspark.models import packagings
 from dspark.models.checkpoint import storage_dtype
 from dspark.models.config import DrafterConfig, dtype_from_name
 from dspark.models.draft_vocab import DRAFT_VOCAB_FILE, resolve_draft_vocab, save_draft_vocab
+from dspark.models.packagings.base import DRAFT_ROWS_ONLY, Packaged
 from dspark.models.pairing import check_same_weights, validate_pairing
 
 SHARABLE = ("embed_tokens", "lm_head")
@@ -54,12 +56,22 @@ def load_pretrained(
     ValueError
         Malformed checkpoint or draft vocabulary, or a pairing mismatch.
     """
-    cfg = ckpt.read_config(path)
-    tensors = ckpt.read_tensors(path)
-    ckpt.check_tensors(cfg, tensors, where=f"drafter checkpoint {path}")
+    cfg, tensors, stored_vocab, where = read_any(path)
+    ckpt.check_tensors(cfg, tensors, where=where)
     if target is not None:
-        validate_pairing(cfg, target, tokenizer=tokenizer, drafter_dir=path)
+        try:
+            validate_pairing(cfg, target, tokenizer=tokenizer, drafter_dir=path)
+        except ValueError as e:
+            if stored_vocab is False:  # DeepSpec's layout: the messages as they always were
+                raise
+            raise ValueError(f"{where}: {e}") from None
     tables = target_tables(target)
+    vocab = (
+        stored_vocab
+        if draft_vocab is True and stored_vocab is not False
+        else resolve_draft_vocab(draft_vocab, path, cfg.vocab_size)
+    )
+    fill_rows_only(cfg, tensors, vocab, tables["lm_head"], where)
     dtype, device = resolve_dtype_device(cfg, tensors, tables["embed_tokens"], dtype, device)
     share = place_embeddings(
         tensors,
@@ -77,8 +89,46 @@ def load_pretrained(
     if target is not None:
         model.share_target_embeddings(target, embed=share["embed_tokens"], lm_head=share["lm_head"])
         model._check_runtime(target)
-    model.set_draft_vocab(resolve_draft_vocab(draft_vocab, path, cfg.vocab_size))
+    model.set_draft_vocab(vocab)
     return model.eval()
+
+
+def read_any(path: str | os.PathLike) -> tuple[DrafterConfig, dict[str, Tensor], Tensor | None | bool, str]:
+    """A checkpoint folder of any packaging (``packagings.detect``) -> config, DeepSpec-named tensors, the
+    packaging's draft vocabulary (``False`` for DeepSpec's layout, whose ``draft_vocab.json`` the caller
+    resolves) and the name messages use."""
+    kind = packagings.detect(path)
+    if kind == "deepspec":
+        return ckpt.read_config(path), ckpt.read_tensors(path), False, f"drafter checkpoint {path}"
+    p = packagings.read(path, kind)
+    where = f"{Path(path) / ckpt.CONFIG_NAME} ({kind})"
+    try:
+        cfg = DrafterConfig.from_dict(p.config)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return cfg, p.tensors, p.draft_vocab, where
+
+
+def fill_rows_only(
+    cfg: DrafterConfig, tensors: dict[str, Tensor], vocab, t_lm: Tensor | None, where: str
+) -> None:
+    """A checkpoint whose LM head / Markov W2 hold only the draft vocabulary's rows (``draft_rows_only``, from a
+    packaging with a reduced vocabulary) must be drafted over that vocabulary; its LM head's other rows are
+    taken from the target's (never read while drafting over it), so that a head equal to the target's at the
+    draft rows aliases the target's."""
+    if not cfg.raw.get(DRAFT_ROWS_ONLY):
+        return
+    if vocab is None:
+        raise ValueError(
+            f"{where}: draft_vocab: this checkpoint stores the LM head and Markov W2 rows of its draft vocabulary "
+            "only (draft_rows_only), so it must be drafted over that vocabulary (keep draft_vocab=True)"
+        )
+    ids = torch.as_tensor(vocab, dtype=torch.int64)
+    stored = tensors.get("lm_head.weight")
+    if stored is not None and t_lm is not None and tuple(t_lm.shape) == tuple(stored.shape):
+        full = t_lm.detach().to(device="cpu", dtype=stored.dtype).clone()
+        full[ids] = stored[ids]
+        tensors["lm_head.weight"] = full
 
 
 def checkpoint_tensors(model: nn.Module, include_embeddings: bool = True) -> dict[str, Tensor]:
@@ -114,8 +164,14 @@ def save_pretrained(
     *,
     include_embeddings: bool = True,
     max_shard_bytes: int | None = None,
+    format: str = "deepspec",
+    verifier: str | None = None,
 ) -> None:
     """Write ``config.json`` + ``model.safetensors``, and ``draft_vocab.json`` or remove a stale one.
+
+    ``format`` other than ``"deepspec"`` (``"speculators"``, ``"specforge"``) writes that packaging instead,
+    atomically into an empty or new folder (``packagings.write_atomic``; ``verifier`` names the target in a
+    speculators config); what it cannot represent is a ``ValueError`` naming it (docs/file-formats.md).
 
     Parameters
     ----------
@@ -129,6 +185,11 @@ def save_pretrained(
         Shard the weights into files of at most this size (``write_checkpoint``).
     """
     model.config.dtype = model.dtype
+    if format != "deepspec":
+        tensors = checkpoint_tensors(model, include_embeddings)
+        p = Packaged(model.config.to_dict(), tensors, model.draft_vocab, "deepspec", str(path))
+        packagings.write_atomic(path, p, format, verifier=verifier)
+        return
     ckpt.write_checkpoint(path, model.config, checkpoint_tensors(model, include_embeddings), max_shard_bytes)
     if model.draft_vocab is not None:
         save_draft_vocab(path, model.draft_vocab)

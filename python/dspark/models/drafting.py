@@ -87,11 +87,11 @@ class DraftSteps:
         starts: Sequence[int],
         copy: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """Block forward for R requests: ``[anchor, MASK x (γ-1)]`` (plus the v2 inputs of ``block_inputs``:
-        ``copy`` = ``(copy_tokens (R, γ), copy_match (R,))`` on the device) -> final-normed hidden
-        ``(R, γ, H)``."""
+        """Block forward for R requests: ``[anchor, MASK x (s-1)]``, ``s = config.block_slots`` (plus the v2
+        inputs of ``block_inputs``: ``copy`` = ``(copy_tokens (R, γ), copy_match (R,))`` on the device) ->
+        final-normed hidden ``(R, s, H)``."""
         c = self.config
-        R, g = anchors.shape[0], c.block_size
+        R, g = anchors.shape[0], c.block_slots
         last_rows = None
         if c.context_projection:
             zero = torch.zeros(c.hidden_size, dtype=self.dtype, device=self.device)
@@ -192,14 +192,15 @@ class DraftSteps:
                     )
         for ctx in ctxs:
             if ctx is not None:
-                ctx.reserve(ctx.length + self.config.block_size)
+                ctx.reserve(ctx.length + self.config.block_slots)
         anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
         vocab = self._vocab_tables()
         # fp32 CPU: few rows (γ per request) go faster transposed
         with weight_stationary_linears(self.modules()):
             hidden = self.backbone(anchors, ctxs, starts, copy)
-            if g < hidden.shape[1]:
-                hidden = hidden[:, :g].contiguous()
+            skip = self.config.block_slots - self.config.block_size  # 1: the anchor's slot drafts nothing
+            if skip or g < hidden.shape[1]:
+                hidden = hidden[:, skip : skip + g].contiguous()
             # [R, g, V], or [R, g, V'] over a draft vocabulary; 2-D rows: a sliced 3-D hidden can send
             # F.linear down a batched path that copies the whole weight
             W = self.lm_head_weight if vocab is None else vocab.lm_head
