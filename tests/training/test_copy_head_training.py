@@ -101,3 +101,11 @@ def test_train_only_rejects_unknown_modules(target):
         with training_only(d, ["copy_head"]):
             pass
     assert all(p.requires_grad for p in d.parameters())
+
+
+def test_train_refuses_a_drafter_in_dflash_block_layout(target, tmp_path):
+    d = _drafter(target)
+    d.config.sample_from_anchor = False  # what a z-lab / SpecForge checkpoint loads as
+    with pytest.raises(ValueError, match="sample_from_anchor=false"):
+        train(d, None, TrainConfig(steps=1), tmp_path)  # refused before the cache is read
+    assert not any(tmp_path.iterdir())

@@ -208,6 +208,11 @@ def train(
     those modules (:func:`training_only`). Resumes from the newest ``checkpoint-*`` in ``out_dir`` when
     ``resume``. Deterministic for a given seed, world size and data.
     """
+    if not drafter.config.sample_from_anchor:  # the objective's labels assume the anchor's slot drafts x_1
+        raise ValueError(
+            "drafter: sample_from_anchor=false (DFlash's block layout, e.g. a z-lab or SpecForge checkpoint) "
+            "cannot be trained by dspark train; convert a DeepSpec-layout drafter or start from scratch"
+        )
     with training_only(drafter, cfg.train_only):
         return _train(drafter, cache, cfg, out_dir, indices, resume, progress)
 
