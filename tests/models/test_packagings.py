@@ -273,9 +273,9 @@ def test_speculative_tokens_must_match_the_block(tmp_path, target):
 
 def test_unrepresentable_models_are_refused(tmp_path, target):
     sf = write_specforge_dspark(
-        tmp_path / "yarn", rand(block_size=5), rope_scaling={"rope_type": "yarn", "factor": 4.0}
+        tmp_path / "linear", rand(block_size=5), rope_scaling={"rope_type": "linear", "factor": 4.0}
     )
-    with pytest.raises(ValueError, match=r"yarn/config.json: field rope_scaling.rope_type = 'yarn'"):
+    with pytest.raises(ValueError, match=r"linear/config.json: field rope_scaling.rope_type = 'linear'"):
         DSparkDrafter.from_pretrained(sf, target=target)
     z = write_zlab_dflash(tmp_path / "sel", rand(rank=0, confidence=False), selector_rank=16)
     with pytest.raises(ValueError, match=r"sel/config.json: field dflash_config.selector_rank = 16"):

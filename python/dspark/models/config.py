@@ -76,6 +76,37 @@ _KINDS = {
 }
 
 
+_YARN_OPTIONAL = ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim")
+
+
+def _yarn_fields(rope: dict, max_positions: Any) -> dict:
+    """YaRN's fields from a ``rope_scaling`` / ``rope_parameters`` dict, checked (the field is named)."""
+    out: dict[str, Any] = {"rope_type": "yarn"}
+    original = rope.get("original_max_position_embeddings", max_positions)
+    factor = rope.get("factor")
+    try:
+        out["original_max_position_embeddings"] = _as_int(original)
+        if factor is None:  # DeepSeek-style: the ratio of the context lengths
+            factor = _as_int(max_positions) / out["original_max_position_embeddings"]
+        out["factor"] = _as_float(factor)
+        for key in _YARN_OPTIONAL:
+            if rope.get(key) is not None:
+                out[key] = _as_float(rope[key])
+        if rope.get("truncate") is not None:
+            out["truncate"] = _as_bool(rope["truncate"])
+    except TypeError:
+        raise ValueError(
+            "drafter config: rope_scaling (yarn): factor, original_max_position_embeddings (or "
+            f"max_position_embeddings) and the optional {_YARN_OPTIONAL} must be numbers, truncate a bool; "
+            f"got {rope}"
+        ) from None
+    if not (out["factor"] > 0 and out["original_max_position_embeddings"] > 0):
+        raise ValueError(
+            f"drafter config: rope_scaling (yarn): factor and original_max_position_embeddings must be > 0, got {rope}"
+        )
+    return out
+
+
 @dataclasses.dataclass
 class DrafterConfig:
     """The fields of a DSpark drafter config that the model reads (see docs/drafter.md).
@@ -112,6 +143,8 @@ class DrafterConfig:
     # False: DFlash's layout (z-lab, SpecForge): the anchor's slot predicts nothing, the block has
     # block_size + 1 slots and slot j + 1 drafts token j (docs/file-formats.md, "Drafter packagings")
     sample_from_anchor: bool = True
+    # YaRN's fields (rope_type "yarn": factor, original_max_position_embeddings, ...; layers.yarn_inv_freq)
+    rope_scaling: dict | None = None
     dtype: torch.dtype | None = None
     raw: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -171,9 +204,15 @@ class DrafterConfig:
         scaling = d.get("rope_scaling")
         if isinstance(scaling, dict):
             rope_type = scaling.get("rope_type", scaling.get("type", rope_type))
-        if rope_type not in ("default", None):
+        if rope_type not in ("default", "yarn", None):
             raise ValueError(
-                f"drafter config: rope_parameters.rope_type {rope_type!r} is not supported (only 'default')"
+                f"drafter config: rope_parameters.rope_type {rope_type!r} is not supported "
+                "(only 'default' and 'yarn')"
+            )
+        yarn = None
+        if rope_type == "yarn":
+            yarn = _yarn_fields(
+                scaling if isinstance(scaling, dict) else rope, d.get("max_position_embeddings")
             )
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
         if theta is not None:
@@ -216,6 +255,7 @@ class DrafterConfig:
             tap_norm=get("tap_norm", False),
             copy_head=get("copy_head", False),
             sample_from_anchor=from_anchor,
+            rope_scaling=yarn,
             dtype=dtype_from_name(d.get("dtype", d.get("torch_dtype"))),
             raw=copy.deepcopy(d),
         )
@@ -287,6 +327,8 @@ class DrafterConfig:
         d.pop("torch_dtype", None)
         d.pop("rope_theta", None)
         d.pop("rope_scaling", None)
+        if self.rope_scaling is not None:
+            d["rope_scaling"] = dict(self.rope_scaling)
         d.update(
             architectures=[ARCHITECTURE],
             model_type=d.get("model_type", "qwen3"),

@@ -72,7 +72,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
         )
         self.copy_head = CopyHead(c.block_size, H, c.copy_max_match) if c.copy_head else None
         add_input_modules(self, c)
-        self.rotary_emb = Rotary(c.head_dim, c.rope_theta)
+        self.rotary_emb = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
         self._shared: dict[str, nn.Module] = {}  # target modules aliased (not registered: not in state_dict)
         self._contexts: dict[int, RequestContext] = {}
         self._draft_vocab: Tensor | None = None  # sorted token ids (CPU) the drafter may propose; None = all

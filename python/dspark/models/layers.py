@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -37,26 +39,72 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Default RoPE: ``cos/sin(p * theta^(-2i/D))`` in float32, cast to the activation dtype; rotate-half layout."""
+    """RoPE: ``cos/sin(p * inv_freq)`` in float32, cast to the activation dtype; rotate-half layout. Default
+    RoPE (``inv_freq = theta^(-2i/D)``), or YaRN with ``scaling`` (:func:`yarn_inv_freq`)."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None) -> None:
         super().__init__()
-        self.head_dim, self.theta = head_dim, theta
-        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
+        inv_freq, self.attention_factor = self._inv_freq()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def _inv_freq(self, device=None) -> Tensor:
+    def _inv_freq(self, device=None) -> tuple[Tensor, float]:
+        if self.scaling is not None:
+            inv_freq, factor = yarn_inv_freq(self.head_dim, self.theta, self.scaling)
+            return inv_freq.to(device), factor
         exps = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim
-        return 1.0 / (self.theta**exps)
+        return 1.0 / (self.theta**exps), 1.0
 
     def reset(self, device) -> None:
         """Recompute ``inv_freq`` (after meta-device construction)."""
-        self.inv_freq = self._inv_freq(device)
+        self.inv_freq = self._inv_freq(device)[0]
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``positions`` ``(N,)`` -> cos, sin ``(N, 1, D)`` in ``dtype`` (broadcast over heads)."""
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.float().unsqueeze(0)
         emb = torch.cat([freqs, freqs], -1)
-        return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+        cos, sin = emb.cos(), emb.sin()
+        if self.attention_factor != 1.0:  # YaRN scales the rotated vectors (as transformers does)
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+
+def yarn_inv_freq(head_dim: int, theta: float, scaling: dict) -> tuple[Tensor, float]:
+    """YaRN's RoPE frequencies ``(head_dim // 2,)`` float32 and attention factor (arXiv 2309.00071).
+
+    ``scaling``: ``factor``, ``original_max_position_embeddings`` and optionally ``beta_fast`` (32),
+    ``beta_slow`` (1), ``attention_factor``, ``mscale`` / ``mscale_all_dim``, ``truncate`` (True) — the fields
+    and formulas of transformers' ``rope_type: "yarn"``. Frequencies whose wavelength fits the original context
+    many times are kept (extrapolated), those that do not are divided by ``factor`` (interpolated), with a
+    linear ramp between the two correction dimensions.
+    """
+    factor = float(scaling["factor"])
+    original = float(scaling["original_max_position_embeddings"])
+
+    def mscale_of(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale_of(factor, m) / mscale_of(factor, m_all) if m and m_all else mscale_of(factor)
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(
+        rotations: float,
+    ) -> float:  # the dimension that turns ``rotations`` times in ``original``
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    keep = 1 - ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    return inv_freq, float(attention)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -138,17 +138,22 @@ def rope_theta(config: dict) -> float:
     return float(theta if theta is not None else config.get("rope_theta", 10000.0))
 
 
-def check_rope(doc: dict, where: str) -> None:
-    """Only the default RoPE is what the drafter computes: name the field of any scaling (YaRN, ...)."""
+def check_rope(doc: dict, where: str) -> dict | None:
+    """The drafter computes default RoPE and YaRN: name the field of any other scaling; return the dict that
+    holds YaRN's fields (None for default RoPE)."""
+    yarn = None
     for key in ("rope_scaling", "rope_parameters"):
         rope = doc.get(key)
         if isinstance(rope, dict):
             kind = rope.get("rope_type", rope.get("type", "default"))
-            if kind not in ("default", None):
+            if kind == "yarn":
+                yarn = yarn or rope
+            elif kind not in ("default", None):
                 raise ValueError(
                     f"{where}: field {key}.rope_type = {kind!r}: dspark's drafter computes only the default "
-                    "RoPE, so this drafter cannot be run or converted faithfully"
+                    "RoPE and YaRN, so this drafter cannot be run or converted faithfully"
                 )
+    return yarn
 
 
 def check_layer_types(doc: dict, where: str) -> None:
@@ -164,9 +169,11 @@ def check_layer_types(doc: dict, where: str) -> None:
 
 def backbone_config(doc: dict, where: str) -> dict:
     """The Qwen3 fields of ``doc`` (the drafter's own transformer) as a DeepSpec-layout base config."""
-    check_rope(doc, where)
+    yarn = check_rope(doc, where)
     check_layer_types(doc, where)
     out = {k: doc[k] for k in QWEN3_FIELDS if doc.get(k) is not None}
+    if yarn is not None:  # honoured: DrafterConfig reads YaRN's fields from rope_scaling
+        out["rope_scaling"] = {k: v for k, v in yarn.items() if k != "rope_theta"}
     out["model_type"] = doc.get("model_type", "qwen3")
     rope = doc.get("rope_parameters")
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
@@ -187,7 +194,7 @@ def qwen3_fields(config: dict) -> dict:
         model_type="qwen3",
         layer_types=["full_attention"] * n,
         rope_theta=rope_theta(config),
-        rope_scaling=None,
+        rope_scaling=config.get("rope_scaling"),  # YaRN's fields, or None for default RoPE
         tie_word_embeddings=False,
         use_sliding_window=False,
         sliding_window=None,
