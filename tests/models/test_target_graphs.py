@@ -122,13 +122,19 @@ def test_padding_rows_that_write_the_cache_are_caught(monkeypatch):
         torch.testing.assert_close(padded.k_cache[0], plain.k_cache[0], atol=ATOL, rtol=0)
 
 
-def test_batches_past_the_buckets_run_eagerly():
-    model = tiny_model("llama", seed=1)
-    plain, padded = _eager_and_padded(model, GraphBuckets(requests=(1,), tokens=(2,)))
+def _two_prefilled(model, buckets, prompt):
+    """Both adapters with requests 0 and 1 prefilled with ``prompt``."""
+    plain, padded = _eager_and_padded(model, buckets)
     for a in (plain, padded):
         for rid in (0, 1):
             a.add_request(rid)
-            a.forward([(rid, [1, 2, 3], "last")])
+            a.forward([(rid, prompt, "last")])
+    return plain, padded
+
+
+def test_batches_past_the_buckets_run_eagerly():
+    model = tiny_model("llama", seed=1)
+    plain, padded = _two_prefilled(model, GraphBuckets(requests=(1,), tokens=(2,)), [1, 2, 3])
     two = [(0, [4], "all"), (1, [5], "all")]  # 2 requests: past the request buckets
     long = [(0, [6, 7, 8], "all")]  # 3 tokens: past the token buckets
     for batch in (two, long):
@@ -139,11 +145,7 @@ def test_batches_past_the_buckets_run_eagerly():
 
 def test_logit_rows_other_than_all_are_picked_after_the_forward():
     model = tiny_model("llama", seed=2)
-    plain, padded = _eager_and_padded(model, GraphBuckets(requests=(2,), tokens=(8,)))
-    for a in (plain, padded):
-        for rid in (0, 1):
-            a.add_request(rid)
-            a.forward([(rid, [1, 2, 3, 4, 5], "last")])
+    plain, padded = _two_prefilled(model, GraphBuckets(requests=(2,), tokens=(8,)), [1, 2, 3, 4, 5])
     batch = [(0, [6, 7, 8], [0, 2]), (1, [9, 10], "last")]
     want, got = plain.forward(batch), padded.forward(batch)
     assert got.logits.shape[0] == 3 and got.logits_indptr == want.logits_indptr

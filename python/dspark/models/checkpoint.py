@@ -35,14 +35,15 @@ def read_config(path: str | os.PathLike) -> DrafterConfig:
     if not p.is_file():
         raise FileNotFoundError(f"drafter checkpoint {path}: no {CONFIG_NAME}")
     try:
-        return DrafterConfig.from_dict(_read_json(p))
+        return DrafterConfig.from_dict(read_json(p))
     except ValueError as e:
         if str(e).startswith(str(p)):
             raise
         raise ValueError(f"{p}: {e}") from e
 
 
-def _read_json(p: Path) -> object:
+def read_json(p: Path) -> object:
+    """The JSON document in ``p``; ValueError naming the file when it is not JSON."""
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -56,7 +57,7 @@ def _shard_files(root: Path) -> list[Path]:
     index = root / INDEX_NAME
     if not index.is_file():
         raise FileNotFoundError(f"drafter checkpoint {root}: neither {WEIGHTS_NAME} nor {INDEX_NAME}")
-    doc = _read_json(index)
+    doc = read_json(index)
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError(f"{index}: expected an object with a 'weight_map' of tensor name -> file name")

@@ -63,6 +63,15 @@ def read(path: str | os.PathLike, packaging: str | None = None) -> Packaged:
     return READERS[name].read(path)
 
 
+def check_format(format: str) -> None:
+    """ValueError unless ``format`` is one of :data:`WRITABLE`."""
+    if format not in WRITABLE:
+        read_only = (
+            " (dflash is read-only: its loaders take speculators' DFlash type)" if format == "dflash" else ""
+        )
+        raise ValueError(f"format: expected one of {list(WRITABLE)}, got {format!r}{read_only}")
+
+
 def write(path: str | os.PathLike, p: Packaged, format: str = "deepspec", **options) -> None:
     """Write ``p`` into the folder ``path`` in ``format`` (one of :data:`WRITABLE`).
 
@@ -73,11 +82,7 @@ def write(path: str | os.PathLike, p: Packaged, format: str = "deepspec", **opti
     ValueError
         An unknown format, or what the format cannot represent (naming it).
     """
-    if format not in WRITABLE:
-        read_only = (
-            " (dflash is read-only: its loaders take speculators' DFlash type)" if format == "dflash" else ""
-        )
-        raise ValueError(f"format: expected one of {list(WRITABLE)}, got {format!r}{read_only}")
+    check_format(format)
     if format == "speculators":
         speculators.write(path, p, verifier=options.get("verifier"))
     elif format == "specforge":
@@ -121,8 +126,7 @@ def convert(
 ) -> str:
     """Convert the checkpoint folder ``src`` (any known packaging) into ``dst`` in ``format``, file to file
     (tensors are copied as stored: no dtype change). Returns the source's packaging name."""
+    check_format(format)  # before reading src or touching dst
     p = read(src)
-    if format not in WRITABLE:  # before touching dst
-        write(dst, p, format)
     write_atomic(dst, p, format, force=force, **options)
     return p.source

@@ -67,10 +67,7 @@ def read_json(path: Path) -> dict:
     """``path`` as a JSON object; ValueError naming the file otherwise."""
     if not path.is_file():
         raise FileNotFoundError(f"drafter checkpoint {path.parent}: no {path.name}")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    doc = ckpt.read_json(path)
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: expected a JSON object, got a {type(doc).__name__}")
     return doc
