@@ -113,6 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the engine's few-row fp32 CPU linears (TargetAdapter linear_max_rows; default: its own; 0: off)",
     )
     ap.add_argument(
+        "--measure-costs",
+        action="store_true",
+        help="speculative rows correct the cost table with the round times they measure (DSparkDecoder "
+        "measure_costs; CPU)",
+    )
+    ap.add_argument(
         "--plain",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -247,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         lookup_prior=lookup_prior,
         also_whole_vocab=args.also_whole_vocab,
         linear_max_rows=args.linear_max_rows,
+        measure_costs=args.measure_costs,
         seed=args.seed,
         repeats=args.repeats,
         warmup=args.warmup,
@@ -257,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         f"draft vocabulary {'whole' if draft_vocab is None else f'{draft_vocab.numel()} ids'}, "
         f"SPS {sps or 'none'}, STS {sts or 'none'}, lookup prior {lookup_prior or 'none'}, few-row linears "
         f"{'default' if args.linear_max_rows is None else f'up to {args.linear_max_rows} rows'}"
+        f"{', measured costs' if args.measure_costs else ''}"
     )
     eos_rule = "EOS ignored" if args.ignore_eos else "EOS stops"
     cases, warnings = [], []

@@ -223,6 +223,7 @@ def run_dspark(
     linear_max_rows: int | None = None,
     lookup: bool = False,
     lookup_prior: Path | None = None,
+    measure_costs: bool = False,
 ) -> Run:
     """``DSparkDecoder.generate`` on all prompts, ``batch`` requests at a time (finished ones are replaced).
 
@@ -242,6 +243,8 @@ def run_dspark(
         linear_max_rows=linear_max_rows,
         lookup=lookup,
         lookup_prior=lookup_prior if lookup else None,
+        # measured costs correct a cost table; plain decoding has none to correct
+        measure_costs=measure_costs and sps is not None and (drafter is not None or lookup),
     )
     try:
         # explicit sampling settings: the target's generation config must not add top-k / top-p / penalties
@@ -292,6 +295,7 @@ class Bench:
     lookup_prior: Path | None = None
     also_whole_vocab: bool = False
     linear_max_rows: int | None = None
+    measure_costs: bool = False  # speculative rows correct the cost table with measured round times
     seed: int = 0
     repeats: int = 1
     warmup: bool = True
@@ -335,7 +339,13 @@ def _engine_runs(bench: Bench, prompts: list[list[int]], batch: int, temperature
     if bench.plain:
         yield engine(None, prompts, method=PLAIN, planner="full")
     planned = functools.partial(
-        engine, drafter, prompts, sps=bench.sps, sts=bench.sts, block_size=bench.block_size
+        engine,
+        drafter,
+        prompts,
+        sps=bench.sps,
+        sts=bench.sts,
+        block_size=bench.block_size,
+        measure_costs=bench.measure_costs,
     )
     for planner in bench.planners:
         yield planned(method=f"DSpark {planner}", planner=planner)
@@ -349,7 +359,7 @@ def _engine_runs(bench: Bench, prompts: list[list[int]], batch: int, temperature
         yield run
     if bench.lookup:
         lk = {"planner": bench.lookup_planner, "lookup": True, "lookup_prior": bench.lookup_prior}
-        yield engine(None, prompts, method=LOOKUP, sps=bench.sps, **lk)
+        yield engine(None, prompts, method=LOOKUP, sps=bench.sps, measure_costs=bench.measure_costs, **lk)
         yield planned(method=HYBRID, **lk)
     if bench.dflash is not None:
         yield engine(bench.dflash, prompts, method="DFlash full", planner="full", block_size=bench.block_size)

@@ -81,6 +81,11 @@ def _generate(args: argparse.Namespace) -> int:
     if args.drafter is None and not args.lookup:
         print("dspark generate: --drafter is required (or --lookup for lookup decoding)", file=sys.stderr)
         return 2
+    if args.measure_costs and args.sps is None:
+        print(
+            "dspark generate: --measure-costs needs --sps COSTS.json (a dspark cost table)", file=sys.stderr
+        )
+        return 2
     # checked before the target loads (minutes for a large model)
     lookup = LookupConfig(args.min_match, args.max_match) if args.lookup else False
     prior = args.lookup_prior
@@ -108,6 +113,7 @@ def _generate(args: argparse.Namespace) -> int:
         tokenizer=tok,
         lookup=lookup,
         lookup_prior=prior,
+        measure_costs=args.measure_costs,
     )
     try:
         for ev in dec.generate(
@@ -187,7 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument(
         "--planner", default="early_stop", choices=["full", "threshold", "early_stop", "lagged_topk"]
     )
-    g.add_argument("--sps", default=None, help="SGLang 1-D SPS JSON (target cost curve)")
+    g.add_argument(
+        "--sps", default=None, help="cost table: dspark profile's costs.json or SGLang's 1-D SPS JSON"
+    )
+    g.add_argument(
+        "--measure-costs",
+        action="store_true",
+        help="correct the --sps cost table with the round times measured while generating (CPU)",
+    )
     g.add_argument(
         "--sts", default=None, help="STS JSON of the confidence head (dspark calibrate's or SGLang's)"
     )

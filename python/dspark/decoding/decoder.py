@@ -30,6 +30,7 @@ from dspark.decoding.lookup import LookupConfig
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.request import GenerateOutput, Request, StreamEvent
 from dspark.decoding.round import CallState, RoundRecord, decode_round, prefill, release
+from dspark.decoding.sources import DrafterYield
 from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
 from dspark.host_sync import HostReader
@@ -101,6 +102,12 @@ class DSparkDecoder:
         Replay the target's decode / verify forwards from CUDA graphs bucketed by request and token count
         (:class:`dspark.models.target.TargetAdapter`; prefills stay eager). CUDA only; default off.
         ``decoder.adapter.graph_stats`` says what they did.
+    measure_costs : bool
+        Correct the cost table (``sps_table``, needed) with the verify and drafter times measured in each round,
+        so that the planner prices this machine, context length and dtype rather than the profiled ones
+        (:class:`dspark.decoding.measured_costs.MeasuredCosts`). CPU only (host times measure the device's work
+        there). The output distribution is unchanged, but verify lengths then depend on timings, so a seeded
+        sampled call is not reproducible run to run. Default off.
     """
 
     def __init__(
@@ -123,6 +130,7 @@ class DSparkDecoder:
         lookup: bool | LookupConfig = False,
         lookup_prior: str | Path | dict | None = None,
         cuda_graphs: bool | GraphBuckets = False,
+        measure_costs: bool = False,
     ) -> None:
         # every argument is checked before the target is touched (TargetAdapter switches its attention last)
         if drafter is not None:
@@ -145,6 +153,17 @@ class DSparkDecoder:
         page_size = as_int("page_size", page_size, lo=1)
         if max_kv_pages is not None:
             max_kv_pages = as_int("max_kv_pages", max_kv_pages, lo=1)
+        if not isinstance(measure_costs, bool):
+            raise TypeError(f"measure_costs: expected a bool, got {type(measure_costs).__name__}")
+        if measure_costs and _device_type(target) != "cpu":
+            raise ValueError(
+                "measure_costs: CPU targets only (round times are read on the host, which runs ahead of a GPU), "
+                f"got a target on {_device_type(target)}"
+            )
+        if measure_costs and isinstance(planner, Planner):
+            raise ValueError(
+                "measure_costs: pass Planner(..., measure_costs=True) when giving a ready Planner"
+            )
         if round_observer is not None and not callable(round_observer):
             raise TypeError(
                 f"round_observer: expected a callable or None, got {type(round_observer).__name__}"
@@ -154,7 +173,12 @@ class DSparkDecoder:
             if isinstance(planner, Planner)
             # lookup decoding runs no drafter: a cost table prices its rounds by the verify alone
             else Planner(
-                planner, sps_table, as_float("threshold", threshold), lag, draft_cost=drafter is not None
+                planner,
+                sps_table,
+                as_float("threshold", threshold),
+                lag,
+                draft_cost=drafter is not None,
+                measure_costs=measure_costs,
             )
         )
         sts_t, sts_b = load_sts(sts, max(gamma, 1))
@@ -172,6 +196,7 @@ class DSparkDecoder:
         self.lookup_acceptance = lookup_table
         # the drafter's acceptance of slot j given the slots before it (scores its block against the lookup's)
         self.draft_acceptance = AcceptanceTable(1, max(gamma, 1))
+        self.drafter_yield = DrafterYield()  # what its blocks returned: whether the drafter pays its time
         self.host = HostReader()  # every device -> host read of a round goes through it (counted)
         self._open_call = False  # a generate call (or stream) is running
         self.adapter = TargetAdapter(
@@ -429,6 +454,12 @@ class DSparkDecoder:
             f"({self._peak_tokens(r)} tokens) but the pool holds at most {pool.max_pages} (max_kv_pages)"
         )
         failed.append(r)
+
+
+def _device_type(model: torch.nn.Module) -> str:
+    """Where the model's parameters live ("cpu" for a model without any)."""
+    param = next(model.parameters(), None)
+    return "cpu" if param is None else param.device.type
 
 
 def _lookup_config(lookup: Any) -> LookupConfig | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from dspark.decoding.measured_costs import MeasuredCosts
 from dspark.decoding.tables import CostTable, SpsTable, read_json
 from dspark.host_sync import to_device
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
@@ -49,6 +50,10 @@ class Planner:
     draft_cost : bool
         With a cost table, price each round with the drafter's time (default); False for rounds that run no
         drafter (lookup decoding), whose cost is the verify alone.
+    measure_costs : bool
+        Correct the cost table with the round times the decoder measures (:meth:`observe`;
+        :class:`dspark.decoding.measured_costs.MeasuredCosts`). Needs a cost table. Default off: verify lengths
+        then depend on timings, so seeded sampled runs stop being reproducible run to run.
 
     Examples
     --------
@@ -66,6 +71,7 @@ class Planner:
         threshold: float = 0.0,
         lag: int = 1,
         draft_cost: bool = True,
+        measure_costs: bool = False,
     ) -> None:
         if mode not in PLAN_MODES:
             raise ValueError(f"Planner: mode must be one of {PLAN_MODES}, got {mode!r}")
@@ -93,13 +99,21 @@ class Planner:
                 )
             self.cost_table = sps_table
             sps_table = sps_table.to_sps(include_draft=self.draft_cost)
+        if measure_costs and self.cost_table is None:
+            raise ValueError(
+                "measure_costs: needs a dspark cost table to start from (sps_table: the costs.json that "
+                "`dspark profile` writes, or a CostTable)"
+            )
+        # the cost table corrected by measured round times, or None (the table as profiled)
+        self.measured = MeasuredCosts(self.cost_table) if measure_costs else None
         self.mode = mode
         self.threshold = float(threshold)
         self.lag = int(lag)
         # the 1-D curve (for a cost table: its every-batch curve; rounds use the curve of their own R)
         self.sps_table: SpsTable | None = sps_table
-        self._tensors: dict[tuple[torch.device, int], tuple[Tensor, Tensor]] = {}
-        self._rates: dict[tuple[str, int, int], Tensor] = {}
+        self._tensors: dict[tuple[torch.device, int, int], tuple[Tensor, Tensor]] = {}
+        self._rates: dict[tuple[int, int, int], Tensor] = {}
+        self._curves: dict[tuple[int, bool, int], SpsTable] = {}
         # ring of earlier rounds: (request ids, survival [R, gamma] detached)
         self._history: deque[tuple[tuple[int, ...], Tensor]] = deque(maxlen=self.lag)
         self._warned_flat = False
@@ -111,15 +125,27 @@ class Planner:
             return "full"
         return self.mode
 
+    def _curve(self, num_requests: int, include_draft: bool) -> SpsTable:
+        """The SPS curve of rounds of ``num_requests`` requests (with or without the drafter's time)."""
+        if self.cost_table is None:
+            return self.sps_table or SpsTable.flat()
+        version = self.measured.version if self.measured is not None else 0
+        key = (max(1, num_requests), bool(include_draft), version)
+        if key not in self._curves:
+            source = self.measured if self.measured is not None else self.cost_table
+            if self.measured is not None:  # older versions are stale
+                self._curves = {k: v for k, v in self._curves.items() if k[2] == version}
+            self._curves[key] = source.to_sps(key[0], include_draft=key[1])
+        return self._curves[key]
+
     def _sps(self, device: torch.device, num_requests: int) -> tuple[Tensor, Tensor]:
         # a cost table prices each batch size with its own curve (draft cost depends on R); one curve otherwise
-        key = (device, num_requests if self.cost_table is not None else 0)
+        version = self.measured.version if self.measured is not None else 0
+        key = (device, num_requests if self.cost_table is not None else 0, version)
         if key not in self._tensors:
-            if self.cost_table is not None:
-                table = self.cost_table.to_sps(max(1, num_requests), include_draft=self.draft_cost)
-            else:
-                table = self.sps_table or SpsTable.flat()
-            self._tensors[key] = table.tensors(device)
+            if self.measured is not None:  # older versions are stale
+                self._tensors = {k: v for k, v in self._tensors.items() if k[2] == version}
+            self._tensors[key] = self._curve(num_requests, self.draft_cost).tensors(device)
         return self._tensors[key]
 
     def _lagged(self, request_ids: tuple[int, ...], survival: Tensor) -> Tensor:
@@ -148,18 +174,61 @@ class Planner:
 
         What choosing between two blocks of one request weighs their expected tokens by (docs/lookup.md).
         """
-        key = ("rates", num_requests, width)
+        version = self.measured.version if self.measured is not None else 0
+        key = (num_requests, width, version)
         if key not in self._rates:
             if self.effective_mode in ("early_stop", "lagged_topk"):
-                table = self.sps_table
-                if self.cost_table is not None:
-                    table = self.cost_table.to_sps(max(1, num_requests), include_draft=self.draft_cost)
+                table = self._curve(num_requests, self.draft_cost)
                 base = max(1, num_requests)
                 rel = [table.steps_per_sec(base + n) / table.steps_per_sec(base) for n in range(width + 1)]
             else:
                 rel = [1.0] * (width + 1)
+            if self.measured is not None:
+                self._rates = {k: v for k, v in self._rates.items() if k[2] == version}
             self._rates[key] = torch.tensor(rel, dtype=torch.float32)
         return self._rates[key]
+
+    @property
+    def prices_drafter(self) -> bool:
+        """Whether rounds with and without the drafter can be priced apart (a cost table with drafter times
+        and a cost-driven mode)."""
+        return (
+            self.cost_table is not None
+            and bool(self.cost_table.draft)
+            and self.effective_mode in ("early_stop", "lagged_topk")
+        )
+
+    def round_value(
+        self, survival: Tensor, drafter: bool, extra_tokens: float = 0.0, extra_rows: float = 0.0
+    ) -> float:
+        """Predicted tokens per second ``Θ = τ · SPS(B)`` of the ``early_stop`` plan of ``survival``
+        ``(R, g)`` (host, float32), priced with (``drafter``) or without the drafter's time; ``extra_tokens``
+        and ``extra_rows`` add blocks whose yield is known without a plan (the drafter's realised one).
+
+        Compares running the drafter this round against verifying lookup blocks alone (docs/lookup.md
+        "Whether the drafter runs"); needs :attr:`prices_drafter`.
+        """
+        if not self.prices_drafter:
+            raise RuntimeError(
+                "Planner.round_value: needs a cost table with drafter times and a cost-driven mode"
+            )
+        R = survival.shape[0]
+        table = self._curve(R, drafter)
+        tokens, rates = table.tensors("cpu")
+        verify_len, _ = plan_verify(survival.float().contiguous(), tokens, rates, "early_stop")
+        lens = verify_len.tolist()
+        expected = sum(1.0 + float(survival[i, : n - 1].sum()) for i, n in enumerate(lens)) + extra_tokens
+        return expected * table.steps_per_sec(round(sum(lens) + extra_rows))
+
+    def observe(self, num_requests: int, batch_tokens: int, verify_ms: float, draft_ms: float | None) -> None:
+        """A round's measured times (host wall ms): its verify of ``batch_tokens`` rows from ``num_requests``
+        requests and, when the drafter ran (for ``num_requests`` requests), its drafter round. Ignored unless
+        ``measure_costs``."""
+        if self.measured is None:
+            return
+        self.measured.observe_verify(num_requests, batch_tokens, verify_ms)
+        if draft_ms is not None:
+            self.measured.observe_draft(num_requests, draft_ms)
 
     def plan(self, survival: Tensor, request_ids: Sequence[int] | None = None) -> PlanResult:
         """Plan one round from this round's survival ``(R, gamma)`` float32.

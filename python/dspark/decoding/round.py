@@ -28,9 +28,12 @@ from dspark.decoding.request import Request
 from dspark.decoding.sampling import accept_drafts, sample_next
 from dspark.decoding.sources import (
     DRAFTER_CLASS,
+    DRAFTER_PROBE_ROUNDS,
+    DrafterYield,
     LookupBlock,
     block_scores,
     copy_continuations,
+    drafter_pays,
     drafter_survival,
     look_up,
     new_copy_index,
@@ -59,6 +62,7 @@ class Engine(Protocol):
     lookup: LookupConfig | None  # lookup drafts on (the index's match rule), or off
     lookup_acceptance: AcceptanceTable | None  # lookup acceptance by (match length, position)
     draft_acceptance: AcceptanceTable | None  # the drafter's conditional acceptance by position
+    drafter_yield: DrafterYield  # tokens and rows the drafter's blocks returned (whether it pays its time)
 
 
 @dataclass
@@ -75,6 +79,7 @@ class CallState:
     slots: int
     offset: int = 0
     lookup: bool = False  # lookup drafts (the decoder's ``lookup``, γ > 0 and speculative=True)
+    rounds_without_drafter: int = 0  # consecutive rounds whose drafter was skipped (drafter_pays)
 
     def take_offset(self) -> int:
         self.offset += 1
@@ -166,22 +171,23 @@ def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> No
     drafted = drafted_slots(engine, call)
     width = engine.gamma if call.lookup else drafted
     r = RoundState(requests, torch.tensor([q.anchor for q in requests]), width, drafted)
+    draft_offset = call.take_offset() if r.slots else 0
     if r.slots:
-        draft_offset = call.take_offset()
         with stats.stage("lookup"):
             look_up_drafts(engine, call, r)
-        if r.run_drafter:
-            with stats.stage("draft"):
-                r.proposal = engine.drafter.propose(
-                    r.ids,
-                    r.anchors,
-                    num_positions=r.draft_slots,
-                    **copy_continuations(engine.drafter.config, r.requests),
-                )
-            with stats.stage("markov_sample"):
-                markov_sample(engine, call.sampling, draft_offset, r)
-            with stats.stage("confidence"):
-                confidence(engine, r)
+    if r.run_drafter:
+        with stats.stage("draft"):
+            r.proposal = engine.drafter.propose(
+                r.ids,
+                r.anchors,
+                num_positions=r.draft_slots,
+                **copy_continuations(engine.drafter.config, r.requests),
+            )
+        with stats.stage("markov_sample"):
+            markov_sample(engine, call.sampling, draft_offset, r)
+        with stats.stage("confidence"):
+            confidence(engine, r)
+    if r.slots:
         with stats.stage("plan"):
             choose_sources(engine, r)
             plan(engine, call, r)
@@ -193,6 +199,7 @@ def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> No
     with stats.stage("accept"):
         accept(engine, call.sampling, accept_offset, r)
     observe(engine, call.sampling, r)
+    measure_costs(engine, call, r)
     with stats.stage("commit"):
         commit(engine, call, r)
 
@@ -212,20 +219,28 @@ def drafted_slots(engine: Engine, call: CallState) -> int:
 
 
 def look_up_drafts(engine: Engine, call: CallState, r: RoundState) -> None:
-    """Each request's lookup proposal (history only) and whether the drafter needs to run: not when every
-    request's lookup block beats even a drafter certain of its first slot (docs/lookup.md "Choosing")."""
+    """Each request's lookup proposal (history only) and whether the drafter runs: not when every request's
+    lookup block beats even a drafter certain of its first slot, nor when the drafter's predicted tokens do not
+    pay its time (docs/lookup.md "Choosing"). A round with neither source is a plain round (``slots = 0``)."""
     r.run_drafter = call.drafting
-    if not call.lookup:
-        return
-    r.lookup = look_up(r.requests, r.slots, engine.lookup_acceptance)
+    if call.lookup:
+        r.lookup = look_up(r.requests, r.slots, engine.lookup_acceptance)
     if not call.drafting:
         return
-    rates = engine.planner.relative_rates(len(r.requests), r.slots)
-    sure = drafter_survival(torch.ones(len(r.requests)), engine.draft_acceptance, r.draft_slots, r.slots)
-    r.lookup_score = block_scores(r.lookup.survival, rates)
-    wins = r.lookup_score > block_scores(sure, rates)
-    r.decided = [bool(w) and n > 0 for w, n in zip(wins.tolist(), r.lookup.lengths, strict=True)]
-    r.run_drafter = not all(r.decided)
+    if r.lookup is not None:
+        rates = engine.planner.relative_rates(len(r.requests), r.slots)
+        sure = drafter_survival(torch.ones(len(r.requests)), engine.draft_acceptance, r.draft_slots, r.slots)
+        r.lookup_score = block_scores(r.lookup.survival, rates)
+        wins = r.lookup_score > block_scores(sure, rates)
+        r.decided = [bool(w) and n > 0 for w, n in zip(wins.tolist(), r.lookup.lengths, strict=True)]
+        r.run_drafter = not all(r.decided)
+    if r.run_drafter and call.rounds_without_drafter + 1 < DRAFTER_PROBE_ROUNDS:
+        r.run_drafter = drafter_pays(
+            engine.planner, engine.drafter_yield, len(r.requests), r.slots, r.lookup, r.decided
+        )
+    call.rounds_without_drafter = 0 if r.run_drafter else call.rounds_without_drafter + 1
+    if not r.run_drafter and r.lookup is None:
+        r.slots = 0
 
 
 def markov_sample(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState) -> None:
@@ -328,7 +343,7 @@ def plan(engine: Engine, call: CallState, r: RoundState) -> None:
     r.budget = int(budget)
     if one_hot_h is not None:
         r.one_hot_host = one_hot_h.tolist()
-    if engine.adaptive_slots and call.drafting:  # next round: one past the most this plan verified, at most γ
+    if engine.adaptive_slots and r.run_drafter:  # next round: one past the most this plan verified, at most γ
         own = [v for i, v in enumerate(r.verify_len.tolist()) if not (r.one_hot_host and r.one_hot_host[i])]
         if own:  # the drafter's blocks only: lookup blocks do not widen the drafter's
             call.slots = min(engine.gamma, max(own))
@@ -405,6 +420,19 @@ def observe(engine: Engine, sampling: SamplingConfig, r: RoundState) -> None:
     )
 
 
+def measure_costs(engine: Engine, call: CallState, r: RoundState) -> None:
+    """Hand the planner this round's host times when it measures costs: verify + accept (both grow with the
+    verified rows) and, when the drafter ran, its stages."""
+    if engine.planner.measured is None or not (call.drafting or call.lookup):
+        return
+    last = call.stats.last_seconds
+    draft_ms = None
+    if r.run_drafter:
+        draft_ms = 1000.0 * sum(last[s] for s in ("draft", "markov_sample", "confidence"))
+    verify_ms = 1000.0 * (last["verify"] + last["accept"])
+    engine.planner.observe(len(r.requests), int(r.verify_len.sum()), verify_ms, draft_ms)
+
+
 def commit(engine: Engine, call: CallState, r: RoundState) -> None:
     """Cut the target KV back to the committed tokens, apply the stop rules, feed the drafter the target
     features of the committed rows, record the round."""
@@ -436,6 +464,7 @@ def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int]) -> 
     lookup_row = r.one_hot_host is not None and r.one_hot_host[i]
     if r.run_drafter and not lookup_row:
         engine.draft_acceptance.observe(DRAFTER_CLASS, int(r.verify_len[i]) - 1, r.accepted_host[i])
+        engine.drafter_yield.observe(len(kept), int(r.verify_len[i]))
 
 
 def sources(call: CallState, r: RoundState) -> list[str] | None:

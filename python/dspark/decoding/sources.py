@@ -23,6 +23,7 @@ from torch import Tensor
 
 from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.decoding.planner import Planner
 from dspark.decoding.request import Request
 from dspark.models.config import DrafterConfig
 
@@ -30,6 +31,8 @@ __all__ = [
     "LookupBlock",
     "block_scores",
     "copy_continuations",
+    "DrafterYield",
+    "drafter_pays",
     "drafter_survival",
     "look_up",
     "new_copy_index",
@@ -37,6 +40,9 @@ __all__ = [
 
 # the drafter's conditional acceptance has one class (lookup tables have one per match length)
 DRAFTER_CLASS = 0
+# a drafter skipped because it does not pay runs again after this many rounds: its acceptance is learnt only
+# from rounds it drafts, so a pessimistic estimate must not lock it out
+DRAFTER_PROBE_ROUNDS = 16
 
 
 @dataclass
@@ -121,3 +127,50 @@ def block_scores(survival: Tensor, rates: Tensor) -> Tensor:
     zero = torch.zeros(survival.shape[0], 1, dtype=torch.float32, device=survival.device)
     expected = 1.0 + torch.cat([zero, survival.float().cumsum(1)], 1)  # (R, g + 1)
     return (expected * rates.to(expected.device, torch.float32)[None, : expected.shape[1]]).amax(1)
+
+
+class DrafterYield:
+    """What the drafter's blocks have returned per request-round: emitted tokens and verified rows (running
+    means that start at ``tokens`` / ``rows`` with ``weight`` pseudo-rounds and weigh at most ``window``).
+
+    Realised values, not the confidence head's: they include the planner's choice of what to verify, so a
+    drafter whose drafts are mostly left unverified is seen to yield little.
+    """
+
+    def __init__(self, tokens: float = 2.0, rows: float = 2.0, weight: float = 4.0, window: int = 64) -> None:
+        self.tokens, self.rows, self.weight, self.window = float(tokens), float(rows), float(weight), window
+
+    def observe(self, tokens: int, rows: int) -> None:
+        """One request-round of a drafter block: ``tokens`` committed from ``rows`` verified rows."""
+        self.weight = min(self.weight + 1.0, float(self.window))
+        self.tokens += (tokens - self.tokens) / self.weight
+        self.rows += (rows - self.rows) / self.weight
+
+
+def drafter_pays(
+    planner: Planner,
+    drafter_yield: DrafterYield,
+    num_requests: int,
+    width: int,
+    lookup: LookupBlock | None = None,
+    decided: list[bool] | None = None,
+) -> bool:
+    """Whether a round with the drafter is predicted to emit more tokens per second than one without it.
+
+    Without it, each request verifies its lookup block (or its anchor alone), planned with ``early_stop``;
+    with it, the ``decided`` requests keep their lookup blocks and every other one yields what the drafter's
+    blocks have yielded so far (``drafter_yield``), and the round pays the drafter's time
+    (:meth:`Planner.round_value`). Reads the history only (no draft exists yet), so skipping the drafter is
+    exact. True when the planner cannot price the drafter apart (no cost table with drafter times).
+    """
+    if not planner.prices_drafter:
+        return True
+    R = num_requests
+    alone = torch.zeros(R, width) if lookup is None else lookup.survival
+    take = torch.tensor(decided) if decided is not None else torch.zeros(R, dtype=torch.bool)
+    kept = torch.where(take[:, None], alone, torch.zeros_like(alone))
+    n = R - int(take.sum())
+    with_drafter = planner.round_value(
+        kept, True, n * (drafter_yield.tokens - 1.0), n * (drafter_yield.rows - 1.0)
+    )
+    return with_drafter > planner.round_value(alone, drafter=False)

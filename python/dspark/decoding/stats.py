@@ -47,6 +47,8 @@ class DSparkStats:
     # per draft source ("dspark", "lookup", "none") of rounds with lookup on: request-rounds, emitted tokens,
     # verified drafts, accepted drafts kept
     by_source: dict[str, list[int]] = field(default_factory=dict)
+    # host seconds of each stage's latest ``with`` body (what the planner's measured costs read)
+    last_seconds: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
@@ -132,7 +134,9 @@ class DSparkStats:
         try:
             yield
         finally:
-            self.seconds[stage] += time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            self.seconds[stage] += elapsed
+            self.last_seconds[stage] = elapsed
 
     def _check_stage(self, stage: str) -> None:
         if stage not in self.seconds:

@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Whether the drafter runs: only when its predicted tokens pay its time (``sources.drafter_pays``).
+
+The decision reads the history and the acceptance tables only, before anything is drafted, so rounds without
+the drafter (plain, or lookup blocks alone) mix with drafter rounds without changing the output distribution:
+greedy output equals the target's, and sampled output passes the chi-square test of
+``test_decoder_sampling.py`` (whose negative controls — a planner and a source choice that read this round's
+draws — show that the test fails a biased round).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dspark.decoding.round as round_mod
+from dspark import DSparkDecoder, Planner
+from dspark.decoding.acceptance import AcceptanceTable
+from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.decoding.sources import DRAFTER_PROBE_ROUNDS, DrafterYield, drafter_pays, look_up
+from dspark.decoding.tables import CostTable, DraftCost, SpsTable, VerifyCost
+from tests.decoding.test_decoder_sampling import (
+    APPENDIX_A_CONF,
+    START,
+    TV_MAX,
+    N,
+    chain_table,
+    score_first_three,
+)
+from tests.decoding.toy_models import markov_chain_target, markov_drafter, random_drafter, tiny_target
+
+
+def table_for(num_requests: int, draft_ms: float, gamma: int = 4) -> CostTable:
+    """Verify of B rows from R requests costs 10 ms per request plus 2 ms per extra row; the drafter
+    ``draft_ms``."""
+    R = num_requests
+    verify = tuple(VerifyCost(R, b, 10.0 * R + 2.0 * (b - R)) for b in (R, R * (gamma + 1)))
+    return CostTable(verify, (DraftCost(R, draft_ms),), block_size=gamma)
+
+
+def test_a_cheap_drafter_runs_and_a_dear_one_does_not():
+    good = DrafterYield(tokens=4.5, rows=5.0)  # 3.5 of 4 drafts accepted per round
+    # with it: 2 · 4.5 tokens / (draft + 20 + 2 · 8 ms); without: 2 / 20 ms
+    assert drafter_pays(Planner("early_stop", table_for(2, 1.0)), good, 2, 4)  # 9 / 37 > 2 / 20
+    assert not drafter_pays(Planner("early_stop", table_for(2, 100.0)), good, 2, 4)  # 9 / 136 < 2 / 20
+    # cheap, but its blocks return nothing: verifying them only costs
+    assert not drafter_pays(Planner("early_stop", table_for(2, 1.0)), DrafterYield(1.0, 2.0), 2, 4)
+
+
+def test_without_a_drafter_price_the_drafter_always_runs():
+    poor = DrafterYield(1.0, 5.0)
+    assert drafter_pays(Planner("early_stop", SpsTable((1, 2), (2.0, 1.0), 2)), poor, 1, 4)
+    assert drafter_pays(Planner("full", table_for(1, 1e6)), poor, 1, 4)
+
+
+def test_the_yield_is_a_running_mean_of_what_the_blocks_returned():
+    y = DrafterYield(tokens=2.0, rows=2.0, weight=1.0, window=2)
+    y.observe(4, 6)  # weight 2: halfway
+    assert (y.tokens, y.rows) == (3.0, 4.0)
+    y.observe(1, 2)  # the window: halfway again
+    assert (y.tokens, y.rows) == (2.0, 3.0)
+
+
+class History:
+    """A request as ``look_up`` reads it: its lookup index."""
+
+    def __init__(self, tokens):
+        self.lookup = LookupIndex(LookupConfig(min_match=1, max_match=3))
+        self.lookup.extend(tokens)
+
+
+def lookup_block(first_accepted: float):
+    """Two requests' 4-token lookup blocks whose first draft is accepted with ``first_accepted``, later ones
+    almost surely."""
+    table = AcceptanceTable(4, 4)
+    for n in range(1, 4):
+        for i in range(100):
+            table.observe(n, 4, 4 if i < 100 * first_accepted else 0)
+    return look_up([History([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3])] * 2, 4, table)
+
+
+def test_the_drafter_runs_only_where_it_beats_the_lookup_blocks():
+    planner, good = Planner("early_stop", table_for(2, 1.0)), DrafterYield(4.5, 5.0)
+    assert drafter_pays(planner, good, 2, 4)  # no lookup: the drafter pays
+    weak, sure = lookup_block(0.5), lookup_block(0.99)
+    assert drafter_pays(planner, good, 2, 4, weak, [False, False])  # ~3 tokens a block against 4.5
+    assert not drafter_pays(planner, good, 2, 4, weak, [True, True])  # every request keeps its lookup block
+    assert not drafter_pays(planner, good, 2, 4, sure, [False, False])  # ~4.9 tokens a block, no drafter time
+
+
+@pytest.mark.parametrize("lookup", [False, True])
+def test_a_dear_drafter_runs_only_in_probe_rounds_and_output_stays_greedy(monkeypatch, lookup):
+    target = tiny_target("llama", vocab=64)
+    drafter = random_drafter(target, block_size=4)
+    calls = []
+    propose = drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda *a, **k: calls.append(1) or propose(*a, **k))
+    prompt = [7, 8, 9, 10] * 6
+    dec = DSparkDecoder(target, drafter, sps_table=table_for(1, 1e4), lookup=lookup)
+    try:
+        out = dec.generate([prompt], max_new_tokens=64, eos_token_id=[])
+    finally:
+        dec.close()
+    ref = target.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False, eos_token_id=None)
+    assert out.sequences[0] == ref[0, len(prompt) :].tolist()
+    assert len(calls) == out.stats.rounds // DRAFTER_PROBE_ROUNDS  # the probes only
+    assert lookup or len(calls) > 0
+
+
+def test_a_cheap_drafter_runs_every_round(monkeypatch):
+    target = tiny_target("llama", vocab=64)
+    drafter = random_drafter(target, block_size=4)
+    calls = []
+    propose = drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda *a, **k: calls.append(1) or propose(*a, **k))
+    dec = DSparkDecoder(target, drafter, sps_table=table_for(1, 0.1))
+    dec.drafter_yield = DrafterYield(tokens=4.0, rows=4.0, weight=64.0)  # known to be right most of the time
+    try:
+        out = dec.generate([[3, 4, 5]], max_new_tokens=12, eos_token_id=[])
+    finally:
+        dec.close()
+    assert len(calls) == out.stats.rounds > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rounds_with_and_without_the_drafter_follow_the_target(monkeypatch, temperature):
+    # the drafter is never worth its time here, so it runs only in probe rounds; probing every second round
+    # mixes plain rounds and drafter rounds within each request's first three tokens
+    monkeypatch.setattr(round_mod, "DRAFTER_PROBE_ROUNDS", 2)
+    table = chain_table()
+    target = markov_chain_target(table)
+    d = markov_drafter(target, table, noise=1.0, block_size=3, conf_logits=APPENDIX_A_CONF)
+    calls = []
+    propose = d.propose
+    monkeypatch.setattr(d, "propose", lambda *a, **k: calls.append(1) or propose(*a, **k))
+    dec = DSparkDecoder(target, d, sps_table=table_for(N, 1e9, gamma=3), max_batch_size=N)
+    try:
+        out = dec.generate([[START]] * N, max_new_tokens=3, temperature=temperature, eos_token_id=[], seed=3)
+    finally:
+        dec.close()
+    pval, tv = score_first_three(out.sequences, table, temperature, 0, 1.0)
+    assert pval > 1e-3 and tv < TV_MAX, (pval, tv)
+    assert 0 < len(calls) < out.stats.rounds  # plain rounds and drafter rounds
+    assert 0 < out.stats.rejected_drafts < out.stats.verified_drafts
