@@ -304,8 +304,8 @@ def test_adaptive_slots_draft_one_past_the_last_plan(mode):
         )
         plan = dec.planner.plan
 
-        def plan_spy(survival, ids=None, plan=plan):
-            p = plan(survival, ids)
+        def plan_spy(survival, ids=None, drafter=True, plan=plan):
+            p = plan(survival, ids, drafter)
             plans.append(int(p.verify_len.max()))
             return p
 

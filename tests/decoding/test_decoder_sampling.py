@@ -155,8 +155,8 @@ def test_a_draft_vocabulary_keeps_the_distribution(mode, temperature, top_k, top
 class AnticipatingPlanner(Planner):
     """Global argmax of Theta over this round's own survival, no early stop: NOT exact (paper, Appendix A)."""
 
-    def plan(self, survival, request_ids=None):
-        tokens, rate = self._sps(survival.device, survival.shape[0])
+    def plan(self, survival, request_ids=None, drafter=True):
+        tokens, rate = self._sps(survival.device, survival.shape[0], drafter)
         vl = torch.cat([plan_verify_anticipating_ref(row[None], tokens, rate) for row in survival])
         return PlanResult(vl, torch.tensor(int((vl - 1).sum())), "anticipating")
 

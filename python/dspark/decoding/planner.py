@@ -111,7 +111,7 @@ class Planner:
         self.lag = int(lag)
         # the 1-D curve (for a cost table: its every-batch curve; rounds use the curve of their own R)
         self.sps_table: SpsTable | None = sps_table
-        self._tensors: dict[tuple[torch.device, int, int], tuple[Tensor, Tensor]] = {}
+        self._tensors: dict[tuple[torch.device, int, int, bool], tuple[Tensor, Tensor]] = {}
         self._rates: dict[tuple[int, int, int], Tensor] = {}
         self._curves: dict[tuple[int, bool, int], SpsTable] = {}
         # ring of earlier rounds: (request ids, survival [R, gamma] detached)
@@ -138,14 +138,15 @@ class Planner:
             self._curves[key] = source.to_sps(key[0], include_draft=key[1])
         return self._curves[key]
 
-    def _sps(self, device: torch.device, num_requests: int) -> tuple[Tensor, Tensor]:
+    def _sps(self, device: torch.device, num_requests: int, drafter: bool = True) -> tuple[Tensor, Tensor]:
         # a cost table prices each batch size with its own curve (draft cost depends on R); one curve otherwise
         version = self.measured.version if self.measured is not None else 0
-        key = (device, num_requests if self.cost_table is not None else 0, version)
+        with_draft = self.draft_cost and drafter
+        key = (device, num_requests if self.cost_table is not None else 0, version, with_draft)
         if key not in self._tensors:
             if self.measured is not None:  # older versions are stale
                 self._tensors = {k: v for k, v in self._tensors.items() if k[2] == version}
-            self._tensors[key] = self._curve(num_requests, self.draft_cost).tensors(device)
+            self._tensors[key] = self._curve(num_requests, with_draft).tensors(device)
         return self._tensors[key]
 
     def _lagged(self, request_ids: tuple[int, ...], survival: Tensor) -> Tensor:
@@ -230,10 +231,14 @@ class Planner:
         if draft_ms is not None:
             self.measured.observe_draft(num_requests, draft_ms)
 
-    def plan(self, survival: Tensor, request_ids: Sequence[int] | None = None) -> PlanResult:
+    def plan(
+        self, survival: Tensor, request_ids: Sequence[int] | None = None, drafter: bool = True
+    ) -> PlanResult:
         """Plan one round from this round's survival ``(R, gamma)`` float32.
 
         ``request_ids`` (default ``0..R-1``) ties rows to requests across rounds for ``lagged_topk``.
+        ``drafter=False``: the round ran no drafter (lookup blocks alone), so a cost table prices it by the
+        verify alone.
         """
         if survival.dim() != 2:
             raise ValueError(f"Planner.plan: survival must be [R, gamma], got shape {tuple(survival.shape)}")
@@ -249,7 +254,7 @@ class Planner:
                 self.mode,
             )
             self._warned_flat = True
-        tokens, rate = self._sps(survival.device, survival.shape[0])
+        tokens, rate = self._sps(survival.device, survival.shape[0], drafter)
         lagged = self._lagged(ids, survival) if mode == "lagged_topk" else None
         verify_len, budget = plan_verify(survival, tokens, rate, mode, lagged, self.threshold)
         if self.mode == "lagged_topk":

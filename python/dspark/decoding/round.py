@@ -326,7 +326,7 @@ def plan(engine: Engine, call: CallState, r: RoundState) -> None:
     r.verify_len, r.budget = torch.full((R,), g + 1, dtype=torch.int32), R * g
     if r.survival is None:  # nothing to plan with (DFlash)
         return
-    result = engine.planner.plan(r.survival, r.ids)
+    result = engine.planner.plan(r.survival, r.ids, drafter=r.run_drafter)
     if result.mode == "full" and r.verify_cap is None:  # every draft is verified: nothing to read
         return
     verify_len, budget, cap = result.verify_len, result.budget, r.verify_cap
