@@ -1,0 +1,162 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Speculation against the engine without drafts, with the methods interleaved.
+
+``bench_e2e.py`` runs each method's repeats back to back; on a shared host whose speed drifts by tens of
+percent within minutes, two methods then meet different machines. Here every repeat runs every method once
+(in an order rotated per repeat), and each method's ratio to the engine is taken within its repeat: drift
+slows both sides of a ratio alike. Reported per method: median tokens/s, the median, minimum and maximum of
+its per-repeat ratio to ``engine``, τ and verify length. Greedy runs also check every method's tokens against
+the engine's.
+
+    python benchmarks/bench_interleaved.py --prompts PROMPTS/humaneval.jsonl PROMPTS/mt-bench.jsonl \\
+        --n 8 --max-new-tokens 128 --batch 8 --temperature 0 --repeats 5 --threads 2
+
+Methods (``--methods``): ``engine`` (no drafts), ``dspark`` (the drafter, ``early_stop``), ``lookup`` (lookup
+decoding), ``hybrid`` (drafter + lookup); a ``+measured`` suffix adds ``measure_costs=True``. The drafter is
+the bundled one (its cost table, STS and lookup prior).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import cpu_description  # noqa: E402
+from benchmarks.e2e.inputs import read_prompt_sets, resolve_drafter  # noqa: E402
+from benchmarks.e2e.runners import run_dspark  # noqa: E402
+from dspark.decoding.inputs import chat_token_ids  # noqa: E402
+from dspark.demo import fast_drafter_dtype  # noqa: E402
+from dspark.models.loading import load_target  # noqa: E402
+
+METHODS = ("engine", "dspark", "lookup", "hybrid")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=Path, nargs="+", default=None, help="prompt sets (JSONL)")
+    ap.add_argument("--n", type=int, default=8, help="prompts per set")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--methods", nargs="+", default=list(METHODS), help="engine dspark lookup hybrid [+measured]"
+    )
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="CI size: 2 prompts x 8 tokens, batch 2, 1 repeat")
+    args = ap.parse_args(argv)
+    for m in args.methods:
+        if m.removesuffix("+measured") not in METHODS:
+            ap.error(f"--methods: {m!r} is not one of {METHODS} (optionally with +measured)")
+    if "engine" not in args.methods:
+        args.methods.insert(0, "engine")  # every ratio is to it
+    if args.quick:
+        args.n, args.max_new_tokens, args.batch, args.repeats = 2, 8, 2, 1
+    if min(args.n, args.max_new_tokens, args.batch, args.repeats) < 1:
+        ap.error("--n, --max-new-tokens, --batch and --repeats must be >= 1")
+    return args
+
+
+def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.Namespace):
+    """One timed run (after a short warm-up) of method ``name`` on ``prompts``."""
+    base = name.removesuffix("+measured")
+    drafter = bench["drafter"] if base in ("dspark", "hybrid") else None
+    lookup = base in ("lookup", "hybrid")
+    return run_dspark(
+        bench["target"],
+        bench["tokenizer"],
+        drafter,
+        prompts,
+        method=name,
+        planner="full" if base == "engine" else "early_stop",
+        batch=args.batch,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        eos_ids=[],
+        sps=None if base == "engine" else bench["sps"],
+        sts=bench["sts"],
+        lookup=lookup,
+        lookup_prior=bench["prior"] if lookup else None,
+        measure_costs=name.endswith("+measured"),
+    )
+
+
+def summary(runs: dict[str, list], methods: list[str]) -> list[str]:
+    """One markdown row per method: median tok/s, per-repeat ratio to the engine (median [min, max]), τ."""
+    engine = runs["engine"]
+    lines = [
+        "| method | tok/s (median) | × engine, median [min, max] | τ | verify len |",
+        "|---|---|---|---|---|",
+    ]
+    for m in methods:
+        tps = [r.tokens_per_second for r in runs[m]]
+        ratios = [r.tokens_per_second / e.tokens_per_second for r, e in zip(runs[m], engine, strict=True)]
+        stats = runs[m][-1].stats
+        tau = f"{stats.tau:.2f}" if stats is not None and stats.rounds else "1.00"
+        vlen = f"{stats.mean_verify_len:.2f}" if stats is not None and stats.rounds else "1.00"
+        lines.append(
+            f"| {m} | {statistics.median(tps):.1f} | {statistics.median(ratios):.2f}× "
+            f"[{min(ratios):.2f}, {max(ratios):.2f}] | {tau} | {vlen} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    target, tok = load_target("smollm2")
+    drafter, name, sps, sts = resolve_drafter(
+        "bundled", target, tok, args.quick, fast_drafter_dtype(target.dtype)
+    )
+    prior = Path(sts).parent / "lookup_prior.json" if sts is not None else None
+    bench = {
+        "target": target,
+        "tokenizer": tok,
+        "drafter": drafter,
+        "sps": sps,
+        "sts": sts,
+        "prior": prior if prior is not None and prior.exists() else None,
+    }
+    cpu = cpu_description()
+    print(
+        f"CPU: {cpu['model']} ({' '.join(cpu['flags'])}), torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"drafter {name} ({drafter.dtype}), batch {args.batch}, T = {args.temperature:g}, {args.repeats} repeats"
+    )
+    failed = False
+    for set_name, texts in read_prompt_sets(args.prompts, args.n):
+        prompts = [chat_token_ids(tok, t) for t in texts]
+        runs: dict[str, list] = {m: [] for m in args.methods}
+        for rep in range(args.repeats):
+            k = rep % len(args.methods)
+            for m in args.methods[k:] + args.methods[:k]:  # rotated: no method always runs first
+                run = run_method(m, bench, prompts, args)
+                runs[m].append(run)
+                print(
+                    f"  [{set_name}, repeat {rep + 1}] {m}: {run.tokens_per_second:.1f} tok/s",
+                    file=sys.stderr,
+                )
+        print(f"\n### {set_name}: {len(prompts)} prompts × {args.max_new_tokens} new tokens, EOS ignored\n")
+        print("\n".join(summary(runs, args.methods)))
+        if args.temperature == 0:
+            want = runs["engine"][0].sequences
+            bad = [m for m in args.methods if any(r.sequences != want for r in runs[m])]
+            if bad:
+                failed = True
+                print(f"\nGREEDY CANARY FAILED: {bad} differ from the engine's tokens")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
