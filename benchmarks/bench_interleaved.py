@@ -12,21 +12,25 @@ the engine's.
         --n 8 --max-new-tokens 128 --batch 8 --temperature 0 --repeats 5 --threads 2
 
 Methods (``--methods``): ``engine`` (no drafts), ``dspark`` (the drafter, ``early_stop``), ``lookup`` (lookup
-decoding), ``hybrid`` (drafter + lookup); a ``+measured`` suffix adds ``measure_costs=True``. The drafter is
-the bundled one (its cost table, STS and lookup prior).
+decoding), ``hybrid`` (drafter + lookup); a ``+measured`` suffix adds ``measure_costs=True``, a ``+always``
+suffix runs the drafter in every round (the rule of docs/lookup.md "Whether the drafter runs" switched off, for
+an A/B of it). The drafter is the bundled one (its cost table, STS and lookup prior).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import dspark.decoding.round as round_module  # noqa: E402
 from benchmarks.common import cpu_description  # noqa: E402
 from benchmarks.e2e.inputs import read_prompt_sets, resolve_drafter  # noqa: E402
 from benchmarks.e2e.runners import run_dspark  # noqa: E402
@@ -52,8 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="CI size: 2 prompts x 8 tokens, batch 2, 1 repeat")
     args = ap.parse_args(argv)
     for m in args.methods:
-        if m.removesuffix("+measured") not in METHODS:
-            ap.error(f"--methods: {m!r} is not one of {METHODS} (optionally with +measured)")
+        if m.split("+")[0] not in METHODS or not set(m.split("+")[1:]) <= {"measured", "always"}:
+            ap.error(f"--methods: {m!r} is not one of {METHODS} (optionally with +measured / +always)")
     if "engine" not in args.methods:
         args.methods.insert(0, "engine")  # every ratio is to it
     if args.quick:
@@ -65,9 +69,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.Namespace):
     """One timed run (after a short warm-up) of method ``name`` on ``prompts``."""
-    base = name.removesuffix("+measured")
+    base, options = name.split("+")[0], set(name.split("+")[1:])
     drafter = bench["drafter"] if base in ("dspark", "hybrid") else None
     lookup = base in ("lookup", "hybrid")
+    with contextlib.ExitStack() as stack:
+        if "always" in options:  # the drafter runs whatever it is predicted to return
+            stack.enter_context(mock.patch.object(round_module, "drafter_pays", lambda *a, **k: True))
+        return _run(name, base, drafter, lookup, "measured" in options, bench, prompts, args)
+
+
+def _run(name: str, base: str, drafter, lookup: bool, measured: bool, bench: dict, prompts, args):
+    """``run_dspark`` with the method's settings (a short warm-up, then one timed run)."""
     return run_dspark(
         bench["target"],
         bench["tokenizer"],
@@ -83,7 +95,7 @@ def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.
         sts=bench["sts"],
         lookup=lookup,
         lookup_prior=bench["prior"] if lookup else None,
-        measure_costs=name.endswith("+measured"),
+        measure_costs=measured,
     )
 
 

@@ -80,12 +80,21 @@ def lookup_block(first_accepted: float):
 
 
 def test_the_drafter_runs_only_where_it_beats_the_lookup_blocks():
-    planner, good = Planner("early_stop", table_for(2, 1.0)), DrafterYield(4.5, 5.0)
+    planner, good = Planner("early_stop", table_for(2, 10.0)), DrafterYield(4.5, 5.0)
     assert drafter_pays(planner, good, 2, 4)  # no lookup: the drafter pays
     weak, sure = lookup_block(0.5), lookup_block(0.99)
     assert drafter_pays(planner, good, 2, 4, weak, [False, False])  # ~3 tokens a block against 4.5
     assert not drafter_pays(planner, good, 2, 4, weak, [True, True])  # every request keeps its lookup block
     assert not drafter_pays(planner, good, 2, 4, sure, [False, False])  # ~4.9 tokens a block, no drafter time
+
+
+def test_a_near_tie_keeps_the_drafter():
+    good = DrafterYield(tokens=4.5, rows=5.0)
+    # with it 9 tokens / (draft + 36 ms), without 2 / 20 ms: a tie at a 54 ms drafter
+    assert drafter_pays(Planner("early_stop", table_for(2, 60.0)), good, 2, 4)  # 9 / 96 ms: 6 % worse, kept
+    assert not drafter_pays(
+        Planner("early_stop", table_for(2, 75.0)), good, 2, 4
+    )  # 9 / 111 ms: 19 % worse, skipped
 
 
 @pytest.mark.parametrize("lookup", [False, True])

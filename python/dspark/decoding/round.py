@@ -452,7 +452,7 @@ def commit(engine: Engine, call: CallState, r: RoundState) -> None:
         rows = torch.cat([torch.arange(s, s + n) for s, n in cont_rows])
         feats = target_features(engine, r.target, rows)
         engine.drafter.append_context(cont_ids, list(feats.split([n for _, n in cont_rows])))
-    call.stats.record_round(lens, r.accepted_host, emitted, r.survival_host, r.budget, sources(call, r))
+    call.stats.record_round(lens, r.accepted_host, emitted, r.survival_host, r.budget, sources(r))
 
 
 def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int]) -> None:
@@ -467,11 +467,11 @@ def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int]) -> 
         engine.drafter_yield.observe(len(kept), int(r.verify_len[i]))
 
 
-def sources(call: CallState, r: RoundState) -> list[str] | None:
+def sources(r: RoundState) -> list[str] | None:
     """Each request's block this round: "lookup", "dspark" or "none" (None for a round without lookup)."""
     if r.lookup is None:
         return None
-    own = "dspark" if call.drafting else "none"
+    own = "dspark" if r.run_drafter else "none"  # a round whose drafter was skipped drafted nothing
     return ["lookup" if h else own for h in r.one_hot_host]
 
 

@@ -43,6 +43,10 @@ DRAFTER_CLASS = 0
 # a drafter skipped because it does not pay runs again after this many rounds: its acceptance is learnt only
 # from rounds it drafts, so a pessimistic estimate must not lock it out
 DRAFTER_PROBE_ROUNDS = 16
+# the drafter is skipped only when predicted to return this much less than a round without it: a near tie is
+# within the error of a cost table profiled elsewhere and of the yield's running mean, and a skipped round
+# learns nothing about the drafter
+DRAFTER_SKIP_MARGIN = 0.15
 
 
 @dataclass
@@ -160,8 +164,9 @@ def drafter_pays(
     Without it, each request verifies its lookup block (or its anchor alone), planned with ``early_stop``;
     with it, the ``decided`` requests keep their lookup blocks and every other one yields what the drafter's
     blocks have yielded so far (``drafter_yield``), and the round pays the drafter's time
-    (:meth:`Planner.round_value`). Reads the history only (no draft exists yet), so skipping the drafter is
-    exact. True when the planner cannot price the drafter apart (no cost table with drafter times).
+    (:meth:`Planner.round_value`); it runs unless that is :data:`DRAFTER_SKIP_MARGIN` below the round
+    without it. Reads the history only (no draft exists yet), so skipping the drafter is exact. True when the
+    planner cannot price the drafter apart (no cost table with drafter times).
     """
     if not planner.prices_drafter:
         return True
@@ -173,4 +178,4 @@ def drafter_pays(
     with_drafter = planner.round_value(
         kept, True, n * (drafter_yield.tokens - 1.0), n * (drafter_yield.rows - 1.0)
     )
-    return with_drafter > planner.round_value(alone, drafter=False)
+    return with_drafter > (1.0 - DRAFTER_SKIP_MARGIN) * planner.round_value(alone, drafter=False)
