@@ -38,6 +38,14 @@ def table_for(num_requests: int, draft_ms: float, gamma: int = 4) -> CostTable:
     return CostTable(verify, (DraftCost(R, draft_ms),), block_size=gamma)
 
 
+def count_drafts(monkeypatch, drafter) -> list[int]:
+    """A list that grows by one at every round the drafter drafts."""
+    calls: list[int] = []
+    propose = drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda *a, **k: calls.append(1) or propose(*a, **k))
+    return calls
+
+
 def test_a_cheap_drafter_runs_and_a_dear_one_does_not():
     good = DrafterYield(tokens=4.5, rows=5.0)  # 3.5 of 4 drafts accepted per round
     # with it: 2 · 4.5 tokens / (draft + 20 + 2 · 8 ms); without: 2 / 20 ms
@@ -101,9 +109,7 @@ def test_a_near_tie_keeps_the_drafter():
 def test_a_dear_drafter_runs_only_in_probe_rounds_and_output_stays_greedy(monkeypatch, lookup):
     target = tiny_target("llama", vocab=64)
     drafter = random_drafter(target, block_size=4)
-    calls = []
-    propose = drafter.propose
-    monkeypatch.setattr(drafter, "propose", lambda *a, **k: calls.append(1) or propose(*a, **k))
+    calls = count_drafts(monkeypatch, drafter)
     prompt = [7, 8, 9, 10] * 6
     dec = DSparkDecoder(target, drafter, sps_table=table_for(1, 1e4), lookup=lookup)
     try:
@@ -119,9 +125,7 @@ def test_a_dear_drafter_runs_only_in_probe_rounds_and_output_stays_greedy(monkey
 def test_a_cheap_drafter_runs_every_round(monkeypatch):
     target = tiny_target("llama", vocab=64)
     drafter = random_drafter(target, block_size=4)
-    calls = []
-    propose = drafter.propose
-    monkeypatch.setattr(drafter, "propose", lambda *a, **k: calls.append(1) or propose(*a, **k))
+    calls = count_drafts(monkeypatch, drafter)
     dec = DSparkDecoder(target, drafter, sps_table=table_for(1, 0.1))
     dec.drafter_yield = DrafterYield(tokens=4.0, rows=4.0, weight=64.0)  # known to be right most of the time
     try:
@@ -140,9 +144,7 @@ def test_rounds_with_and_without_the_drafter_follow_the_target(monkeypatch, temp
     table = chain_table()
     target = markov_chain_target(table)
     d = markov_drafter(target, table, noise=1.0, block_size=3, conf_logits=APPENDIX_A_CONF)
-    calls = []
-    propose = d.propose
-    monkeypatch.setattr(d, "propose", lambda *a, **k: calls.append(1) or propose(*a, **k))
+    calls = count_drafts(monkeypatch, d)
     dec = DSparkDecoder(target, d, sps_table=table_for(N, 1e9, gamma=3), max_batch_size=N)
     try:
         out = dec.generate([[START]] * N, max_new_tokens=3, temperature=temperature, eos_token_id=[], seed=3)
