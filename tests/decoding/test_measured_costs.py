@@ -193,3 +193,16 @@ def test_the_command_line_refuses_measure_costs_without_a_table_before_loading(m
     argv = ["generate", "--target", "smollm2", "--lookup", "--prompt", "hi", "--measure-costs"]
     assert cli.main(argv) == 2
     assert "--measure-costs needs --sps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ready_planner", [False, True])
+def test_measuring_is_refused_off_the_cpu(ready_planner):
+    target = tiny_target("llama", vocab=64).to("meta")  # not a CPU target; never run
+    table = CostTable((VerifyCost(1, 1, 10.0), VerifyCost(1, 2, 12.0)), (DraftCost(1, 2.0),), block_size=4)
+    kwargs = (
+        {"planner": Planner("early_stop", table, measure_costs=True)}
+        if ready_planner
+        else {"sps_table": table, "measure_costs": True}
+    )
+    with pytest.raises(ValueError, match="measure_costs: CPU targets only"):
+        DSparkDecoder(target, None, lookup=True, **kwargs)

@@ -155,7 +155,8 @@ class DSparkDecoder:
             max_kv_pages = as_int("max_kv_pages", max_kv_pages, lo=1)
         if not isinstance(measure_costs, bool):
             raise TypeError(f"measure_costs: expected a bool, got {type(measure_costs).__name__}")
-        if measure_costs and _device_type(target) != "cpu":
+        measuring = measure_costs or (isinstance(planner, Planner) and planner.measured is not None)
+        if measuring and _device_type(target) != "cpu":
             raise ValueError(
                 "measure_costs: CPU targets only (round times are read on the host, which runs ahead of a GPU), "
                 f"got a target on {_device_type(target)}"
