@@ -239,8 +239,8 @@ class FixedVerifyPlanner(Planner):
         self.gamma = gamma
         self.verify_len = gamma + 1
 
-    def plan(self, survival: Tensor, request_ids=None) -> PlanResult:
-        result = super().plan(survival, request_ids)
+    def plan(self, survival: Tensor, request_ids=None, drafter: bool = True) -> PlanResult:
+        result = super().plan(survival, request_ids, drafter)
         n = int(self.verify_len)
         if not 1 <= n <= survival.shape[1] + 1:
             raise ValueError(f"FixedVerifyPlanner: verify length {n} outside [1, {survival.shape[1] + 1}]")
