@@ -75,28 +75,23 @@ def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.
     with contextlib.ExitStack() as stack:
         if "always" in options:  # the drafter runs whatever it is predicted to return
             stack.enter_context(mock.patch.object(round_module, "drafter_pays", lambda *a, **k: True))
-        return _run(name, base, drafter, lookup, "measured" in options, bench, prompts, args)
-
-
-def _run(name: str, base: str, drafter, lookup: bool, measured: bool, bench: dict, prompts, args):
-    """``run_dspark`` with the method's settings (a short warm-up, then one timed run)."""
-    return run_dspark(
-        bench["target"],
-        bench["tokenizer"],
-        drafter,
-        prompts,
-        method=name,
-        planner="full" if base == "engine" else "early_stop",
-        batch=args.batch,
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-        eos_ids=[],
-        sps=None if base == "engine" else bench["sps"],
-        sts=bench["sts"],
-        lookup=lookup,
-        lookup_prior=bench["prior"] if lookup else None,
-        measure_costs=measured,
-    )
+        return run_dspark(
+            bench["target"],
+            bench["tokenizer"],
+            drafter,
+            prompts,
+            method=name,
+            planner="full" if base == "engine" else "early_stop",
+            batch=args.batch,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+            eos_ids=[],
+            sps=None if base == "engine" else bench["sps"],
+            sts=bench["sts"],
+            lookup=lookup,
+            lookup_prior=bench["prior"] if lookup else None,
+            measure_costs="measured" in options,
+        )
 
 
 def summary(runs: dict[str, list], methods: list[str]) -> list[str]:

@@ -65,8 +65,6 @@ class MeasuredCosts:
         self.prior, self.prior_weight, self.window, self.refresh = prior, float(prior_weight), window, refresh
         self._verify: dict[tuple[int, int], tuple[float, float]] = {}  # (R, B) -> (mean ms, weight)
         self._draft: dict[int, tuple[float, float]] = {}  # R -> (mean ms, weight)
-        self._pending = 0
-        self.version = 0  # bumped every ``refresh`` measurements
         self.measurements = 0
 
     # ------------------------------------------------------------------ measurements
@@ -87,10 +85,11 @@ class MeasuredCosts:
         weight = min(weight + 1.0, float(self.window))
         cells[key] = (mean + (ms - mean) / weight, weight)
         self.measurements += 1
-        self._pending += 1
-        if self._pending >= self.refresh:
-            self._pending = 0
-            self.version += 1
+
+    @property
+    def version(self) -> int:
+        """Moves on every ``refresh`` measurements (the planner rebuilds its curves then)."""
+        return self.measurements // self.refresh
 
     # ------------------------------------------------------------------ estimates
     def _scale(self, cells: dict, prior_of, keep) -> float:

@@ -111,9 +111,11 @@ class Planner:
         self.lag = int(lag)
         # the 1-D curve (for a cost table: its every-batch curve; rounds use the curve of their own R)
         self.sps_table: SpsTable | None = sps_table
-        self._tensors: dict[tuple[torch.device, int, int, bool], tuple[Tensor, Tensor]] = {}
-        self._rates: dict[tuple[int, int, int], Tensor] = {}
-        self._curves: dict[tuple[int, bool, int], SpsTable] = {}
+        # curves and what is derived from them, for the measured costs' ``version`` they were built at
+        self._tensors: dict[tuple[torch.device, int, bool], tuple[Tensor, Tensor]] = {}
+        self._rates: dict[tuple[int, int], Tensor] = {}
+        self._curves: dict[tuple[int, bool], SpsTable] = {}
+        self._version = 0
         # ring of earlier rounds: (request ids, survival [R, gamma] detached)
         self._history: deque[tuple[tuple[int, ...], Tensor]] = deque(maxlen=self.lag)
         self._warned_flat = False
@@ -125,27 +127,31 @@ class Planner:
             return "full"
         return self.mode
 
+    def _drop_stale(self) -> None:
+        """Forget every cached curve once the measured costs have moved on."""
+        if self.measured is not None and self.measured.version != self._version:
+            self._version = self.measured.version
+            self._tensors.clear()
+            self._rates.clear()
+            self._curves.clear()
+
     def _curve(self, num_requests: int, include_draft: bool) -> SpsTable:
         """The SPS curve of rounds of ``num_requests`` requests (with or without the drafter's time)."""
         if self.cost_table is None:
             return self.sps_table or SpsTable.flat()
-        version = self.measured.version if self.measured is not None else 0
-        key = (max(1, num_requests), bool(include_draft), version)
+        self._drop_stale()
+        key = (max(1, num_requests), bool(include_draft))
         if key not in self._curves:
             source = self.measured if self.measured is not None else self.cost_table
-            if self.measured is not None:  # older versions are stale
-                self._curves = {k: v for k, v in self._curves.items() if k[2] == version}
             self._curves[key] = source.to_sps(key[0], include_draft=key[1])
         return self._curves[key]
 
     def _sps(self, device: torch.device, num_requests: int, drafter: bool = True) -> tuple[Tensor, Tensor]:
         # a cost table prices each batch size with its own curve (draft cost depends on R); one curve otherwise
-        version = self.measured.version if self.measured is not None else 0
+        self._drop_stale()
         with_draft = self.draft_cost and drafter
-        key = (device, num_requests if self.cost_table is not None else 0, version, with_draft)
+        key = (device, num_requests if self.cost_table is not None else 0, with_draft)
         if key not in self._tensors:
-            if self.measured is not None:  # older versions are stale
-                self._tensors = {k: v for k, v in self._tensors.items() if k[2] == version}
             self._tensors[key] = self._curve(num_requests, with_draft).tensors(device)
         return self._tensors[key]
 
@@ -175,8 +181,8 @@ class Planner:
 
         What choosing between two blocks of one request weighs their expected tokens by (docs/lookup.md).
         """
-        version = self.measured.version if self.measured is not None else 0
-        key = (num_requests, width, version)
+        self._drop_stale()
+        key = (num_requests, width)
         if key not in self._rates:
             if self.effective_mode in ("early_stop", "lagged_topk"):
                 table = self._curve(num_requests, self.draft_cost)
@@ -184,8 +190,6 @@ class Planner:
                 rel = [table.steps_per_sec(base + n) / table.steps_per_sec(base) for n in range(width + 1)]
             else:
                 rel = [1.0] * (width + 1)
-            if self.measured is not None:
-                self._rates = {k: v for k, v in self._rates.items() if k[2] == version}
             self._rates[key] = torch.tensor(rel, dtype=torch.float32)
         return self._rates[key]
 
@@ -215,7 +219,7 @@ class Planner:
             )
         R = survival.shape[0]
         table = self._curve(R, drafter)
-        tokens, rates = table.tensors("cpu")
+        tokens, rates = self._sps(torch.device("cpu"), R, drafter)  # cached: asked twice a round
         verify_len, _ = plan_verify(survival.float().contiguous(), tokens, rates, "early_stop")
         lens = verify_len.tolist()
         expected = sum(1.0 + float(survival[i, : n - 1].sum()) for i, n in enumerate(lens)) + extra_tokens

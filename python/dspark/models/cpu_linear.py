@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import platform
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -54,29 +55,28 @@ def default_max_rows() -> int:
 def pays_here(threads: int) -> bool:
     """Whether ``(W · xᵀ)ᵀ`` beats ``F.linear`` by 10 % for a 1-row and a 4-row input on this CPU at
     ``threads`` threads (medians of 7 timings of a 2048 × 1024 fp32 weight, ~40 ms once per process)."""
-    import time
-
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2048, 1024, generator=g)
-
-    def median_s(fn) -> float:
-        for _ in range(2):
-            fn()
-        ts = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return sorted(ts)[3]
-
     with torch.no_grad():
         for rows in (1, 4):
             x = torch.randn(rows, 1024, generator=g)
-            plain = median_s(lambda x=x: F.linear(x, w))
-            stationary = median_s(lambda x=x, n=rows: linear(x, w, max_rows=n))
+            plain = _median_s(lambda x=x: F.linear(x, w), 2, 7)
+            stationary = _median_s(lambda x=x, n=rows: linear(x, w, max_rows=n), 2, 7)
             if not stationary < 0.9 * plain:
                 return False
     return True
+
+
+def _median_s(fn, warmup: int, repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones (the probes' timer)."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[repeats // 2]
 
 
 def applies(x: Tensor, weight: Tensor, max_rows: int, bias: Tensor | None = None) -> bool:
@@ -141,33 +141,23 @@ def pad_from(weight: Tensor) -> int:
     """Fewest rows from which padding the input to :data:`PAD_ROWS` beats ``F.linear`` by 10 % for this
     weight's shape at the current thread count (:data:`PAD_ROWS`: never). Timed once per shape and thread
     count on the weight itself (medians of 5 at 4–12 and 16 rows; ~0.5 s for a 49,152 × 576 weight)."""
-    n, k = weight.shape
-    return _pad_from(int(n), int(k), torch.get_num_threads(), weight)
-
-
-_PAD_FROM: dict[tuple[int, int, int], int] = {}
-
-
-def _pad_from(n: int, k: int, threads: int, weight: Tensor) -> int:
-    key = (n, k, threads)
+    n, k = (int(d) for d in weight.shape)
+    key = (n, k, torch.get_num_threads())
     if key not in _PAD_FROM:
-        import time
-
-        def median_s(x: Tensor) -> float:
-            F.linear(x, weight)
-            ts = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                F.linear(x, weight)
-                ts.append(time.perf_counter() - t0)
-            return sorted(ts)[2]
-
         with torch.no_grad():
             g = torch.Generator().manual_seed(0)
-            padded = median_s(torch.randn(PAD_ROWS, k, generator=g))
-            rows = [m for m in _PAD_PROBE_ROWS if padded < 0.9 * median_s(torch.randn(m, k, generator=g))]
+
+            def median_s(rows: int) -> float:
+                x = torch.randn(rows, k, generator=g)
+                return _median_s(lambda: F.linear(x, weight), 1, 5)
+
+            padded = median_s(PAD_ROWS)
+            rows = [m for m in _PAD_PROBE_ROWS if padded < 0.9 * median_s(m)]
         _PAD_FROM[key] = rows[0] if rows else PAD_ROWS
     return _PAD_FROM[key]
+
+
+_PAD_FROM: dict[tuple[int, int, int], int] = {}  # (N, K, threads) -> pad_from
 
 
 def pads(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
@@ -181,8 +171,12 @@ def pads(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
 def padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, with ``x`` ``(..., K)`` padded by zero rows to :data:`PAD_ROWS` where
     :func:`pads` says so; ``(..., N)``."""
-    if not pads(x, weight, bias):
-        return F.linear(x, weight, bias)
+    return padded_product(x, weight, bias) if pads(x, weight, bias) else F.linear(x, weight, bias)
+
+
+def padded_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` of ``x`` ``(..., K)`` (at most :data:`PAD_ROWS` rows) padded by zero rows to
+    :data:`PAD_ROWS`, the padding's outputs dropped: ``(..., N)``. Unconditional (benchmarks force it)."""
     K = x.shape[-1]
     rows = x.reshape(-1, K)
     full = torch.zeros(PAD_ROWS, K, dtype=x.dtype)
