@@ -5,16 +5,14 @@ The weights are random fp32 matrices with the shapes of every linear layer of Sm
 q, k, v, o, gate, up, down; and the 49152 × 576 LM head; 537 MB, far more than the caches), so one call of each
 path multiplies M rows by all of them once — what a decode (M = 1) or verify (M = 2–8 per request) step reads.
 Both paths are forced (``max_rows`` large) so the table shows where the weight-stationary product pays; the
-rows limit that :func:`dspark.models.cpu_linear.default_max_rows` picks comes from this benchmark. A second
-table times the LM head alone with its input padded to 16 rows (:func:`dspark.models.cpu_linear.padded_linear`,
-forced) against ``F.linear``, and says from how many rows the per-shape probe pads here.
+rows limit that :func:`dspark.models.cpu_linear.default_max_rows` picks comes from this benchmark (where it is
+0, ``bench_few_row_linear.py`` times the path used instead).
 
 python benchmarks/bench_cpu_linear.py [--quick] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -70,37 +68,6 @@ def main() -> None:
         rows,
         args,
         ["rows M", "used by default"],
-    )
-    padded_head(ws[-1], [8] if args.quick else [2, 4, 6, 8, 10, 12, 15], budget, args, g)
-
-
-def padded_head(
-    w: torch.Tensor, row_counts: list[int], budget: float, args: argparse.Namespace, g: torch.Generator
-) -> None:
-    """The LM head ``w`` at M rows: padded to 16 rows (forced) against ``F.linear``."""
-    start = cpu_linear.pad_from(w)
-    rows = []
-    for m in row_counts:
-        x = torch.randn(m, w.shape[1], generator=g)
-
-        def op(x=x):
-            return cpu_linear.padded_product(x, w)
-
-        with torch.no_grad():
-            torch.testing.assert_close(op(), F.linear(x, w), atol=1e-4, rtol=1e-4)
-            t_op, t_ref = time_fn(op, "cpu", budget), time_fn(lambda x=x: F.linear(x, w), "cpu", budget)
-        case = {"rows M": m, "padded by default": "yes" if start <= m < cpu_linear.PAD_ROWS else "no"}
-        rows.append(Row(case, "cpu", t_op, t_ref))
-    if args.json:  # its own file: report writes one table per file
-        args = argparse.Namespace(
-            **{**vars(args), "json": args.json.with_name(args.json.stem + "_padded.json")}
-        )
-    report(
-        f"fp32 LM head {tuple(w.shape)} at M rows: padded to 16 rows (op) against F.linear (reference); "
-        f"the probe pads from {start} rows here",
-        rows,
-        args,
-        ["rows M", "padded by default"],
     )
 
 

@@ -56,6 +56,9 @@ TORCH_LIBRARY(dspark, m) {
       "Tensor verify_len, Tensor temperature, int seed, int offset, Tensor? request_ids=None, "
       "Tensor? top_k=None, Tensor? top_p=None, Tensor? repetition_penalty=None, Tensor? penalty_tokens=None, "
       "Tensor? penalty_indptr=None, Tensor? draft_one_hot=None) -> (Tensor accepted, Tensor out_tokens)");
+  // x [M, K] f32, weight [N, K] f32, bias [N] f32 or none -> y [M, N] f32 = x · weightᵀ + bias (CPU only:
+  // few-row products that read the weight once; CUDA models use cuBLAS through F.linear)
+  m.def("few_row_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
 }
 
 namespace {

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.models import cpu_linear
-from dspark.models.cpu_linear import applies, linear, weight_stationary_linears
+from dspark.models.cpu_linear import applies, few_row_linears, linear
 from dspark.models.target import TargetAdapter, TargetInput
 from tests.models.tiny import tiny_model
 
@@ -86,20 +86,20 @@ def test_patches_plain_linears_only_and_restores_them():
     hooked = nn.Linear(4, 4)
     hooked.forward = lambda x: x  # another library's replacement forward: left alone
     model = nn.Sequential(nn.Linear(4, 6), _QuantLinear(6, 6), hooked, nn.Linear(6, 2))
-    with weight_stationary_linears(model.modules(), 8) as limit:
+    with few_row_linears(model.modules(), 8) as limit:
         assert limit == 8
         assert "forward" in model[0].__dict__ and "forward" in model[3].__dict__
         assert "forward" not in model[1].__dict__
         assert model[2].__dict__["forward"] is not None and model[2](torch.ones(4)).sum() == 4
     assert "forward" not in model[0].__dict__ and "forward" not in model[3].__dict__
     assert "forward" in hooked.__dict__
-    with pytest.raises(RuntimeError, match="boom"), weight_stationary_linears(model.modules(), 8):
+    with pytest.raises(RuntimeError, match="boom"), few_row_linears(model.modules(), 8):
         raise RuntimeError("boom")
     assert "forward" not in model[0].__dict__
-    with weight_stationary_linears(model.modules(), 0) as limit:
+    with few_row_linears(model.modules(), 0) as limit:
         assert limit == 0 and "forward" not in model[0].__dict__
     half = nn.Linear(4, 4).bfloat16()  # the path never applies to it: not changed
-    with weight_stationary_linears([half, model[0]], 8):
+    with few_row_linears([half, model[0]], 8):
         assert "forward" not in half.__dict__ and "forward" in model[0].__dict__
 
 
@@ -122,7 +122,7 @@ def test_patched_module_computes_the_same(monkeypatch):
     x = torch.randn(3, 32)
     with torch.no_grad():
         want = lin(x)
-        with weight_stationary_linears([lin], 8):
+        with few_row_linears([lin], 8):
             got = lin(x)
     assert calls == [True]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

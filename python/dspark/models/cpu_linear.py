@@ -10,15 +10,12 @@ rows :func:`linear` computes ``(W · xᵀ)ᵀ``; a single row is doubled first (
 which is the slow 46 ms case). The products are the same dot products summed in another order: results agree
 with ``F.linear`` to float rounding, not bit for bit.
 
-:func:`weight_stationary_linears` applies it to a model's ``nn.Linear`` modules for the duration of a ``with``
+:func:`few_row_linears` applies it to a model's ``nn.Linear`` modules for the duration of a ``with``
 block (the target adapter wraps each forward in it), and restores the modules afterwards.
 
-Where that path does not pay (:func:`pays_here`), a second one may: with MKL's fp32 GEMM the time of
-``F.linear`` grows in proportion to the rows below 16 for a weight larger than the caches, while 16 rows take
-the packed kernel (an Intel Xeon, 2 threads, SmolLM2's 49,152 × 576 LM head: 18.6 ms at 8 rows, 25.6 ms at 12,
-12.8 ms for 16). So a large weight (:data:`PAD_MIN_NUMEL`) fed between :func:`pad_from` and 15 rows gets its
-input padded with zero rows to 16 and the extra outputs dropped (:func:`padded_linear`); the rows kept are the
-same dot products, through another kernel (float rounding, not bit for bit).
+Where that path does not pay (:func:`pays_here`), the ``dspark::few_row_linear`` op may: it streams each
+weight once for all the rows (:func:`op_applies`: x86 with AVX2 or AVX-512, :data:`OP_MIN_ROWS` to
+:data:`OP_MAX_ROWS` rows, weights of at least :data:`OP_MIN_NUMEL` elements).
 """
 
 from __future__ import annotations
@@ -33,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dspark.ops.few_row_linear import few_row_linear
+
 
 def default_max_rows() -> int:
     """Rows up to which the weight-stationary product is used: 0 where it does not pay.
@@ -43,7 +42,7 @@ def default_max_rows() -> int:
     (a SmolLM2-135M step 2.2× slower), so on x86 with MKL the choice is confirmed once per process and thread
     count by :func:`pays_here`; elsewhere (another BLAS, another architecture) it is not used unless asked for.
     """
-    if not torch.backends.mkl.is_available() or platform.machine().lower() not in ("x86_64", "amd64"):
+    if not torch.backends.mkl.is_available() or not _x86():
         return 0
     threads = torch.get_num_threads()
     if not pays_here(threads):
@@ -68,7 +67,7 @@ def pays_here(threads: int) -> bool:
 
 
 def _median_s(fn, warmup: int, repeats: int) -> float:
-    """Median wall seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones (the probes' timer)."""
+    """Median wall seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
     ts = []
@@ -105,7 +104,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, max_rows: int 
         ``(N,)``.
     max_rows : int, optional
         Largest row count ``prod(x.shape[:-1])`` that takes the weight-stationary path; default
-        :func:`default_max_rows`. 0 always calls ``F.linear``.
+        :func:`default_max_rows`, and where that is 0 on x86 the packed product where it pays
+        (:func:`op_applies`). 0 always calls ``F.linear``.
 
     Returns
     -------
@@ -114,6 +114,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, max_rows: int 
     """
     limit = default_max_rows() if max_rows is None else max_rows
     if not applies(x, weight, limit, bias):
+        if max_rows is None and limit == 0 and op_applies(x, weight, bias):
+            return _op_linear(x, weight, bias)
         return F.linear(x, weight, bias)
     K = x.shape[-1]
     rows = x.reshape(-1, K)
@@ -131,61 +133,57 @@ def _forward(module: nn.Linear, x: Tensor, max_rows: int) -> Tensor:
     return linear(x, module.weight, module.bias, max_rows)
 
 
-# weights from this many fp32 elements (32 MiB) may be fed padded rows; smaller ones gain little or lose
-PAD_MIN_NUMEL = 1 << 23
-PAD_ROWS = 16  # MKL's fp32 GEMM packs rows by 16 on AVX-512 / AVX2
-_PAD_PROBE_ROWS = (4, 6, 8, 10, 12)
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def pad_from(weight: Tensor) -> int:
-    """Fewest rows from which padding the input to :data:`PAD_ROWS` beats ``F.linear`` by 10 % for this
-    weight's shape at the current thread count (:data:`PAD_ROWS`: never). Timed once per shape and thread
-    count on the weight itself (medians of 5 at 4–12 and 16 rows; ~0.5 s for a 49,152 × 576 weight)."""
-    n, k = (int(d) for d in weight.shape)
-    key = (n, k, torch.get_num_threads())
-    if key not in _PAD_FROM:
-        with torch.no_grad():
-            g = torch.Generator().manual_seed(0)
-
-            def median_s(rows: int) -> float:
-                x = torch.randn(rows, k, generator=g)
-                return _median_s(lambda: F.linear(x, weight), 1, 5)
-
-            padded = median_s(PAD_ROWS)
-            rows = [m for m in _PAD_PROBE_ROWS if padded < 0.9 * median_s(m)]
-        _PAD_FROM[key] = rows[0] if rows else PAD_ROWS
-    return _PAD_FROM[key]
+# dspark::few_row_linear from this many rows: below, MKL's few-row kernels are as fast (2-thread Xeon:
+# SmolLM2-135M's projections, 1-2 rows even, 3 rows 1.1x slower; 4-12 rows 1.3-1.6x faster, 16-24 1.1-1.3x)
+OP_MIN_ROWS = 1
+OP_MAX_ROWS = 32
+OP_MIN_NUMEL = 1 << 16  # smaller weights sit in cache, where the per-call cost matters more than the reads
 
 
-_PAD_FROM: dict[tuple[int, int, int], int] = {}  # (N, K, threads) -> pad_from
-
-
-def pads(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
-    """Whether :func:`padded_linear` pads this input: CPU fp32 without autograd, a weight of at least
-    :data:`PAD_MIN_NUMEL` elements, and between :func:`pad_from` and ``PAD_ROWS - 1`` rows."""
-    if weight.numel() < PAD_MIN_NUMEL or not applies(x, weight, PAD_ROWS - 1, bias):
+def op_applies(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether the ``dspark::few_row_linear`` op takes this product: x86 with AVX2 or AVX-512 (ATen's CPU
+    capability), CPU fp32 without autograd, a weight of at least :data:`OP_MIN_NUMEL` elements and between
+    :data:`OP_MIN_ROWS` and :data:`OP_MAX_ROWS` rows."""
+    if weight.numel() < OP_MIN_NUMEL or not applies(x, weight, OP_MAX_ROWS, bias):
         return False
-    return x.numel() // x.shape[-1] >= pad_from(weight)
+    if bias is not None and (bias.dtype != torch.float32 or bias.dim() != 1):
+        return False
+    return x.numel() // x.shape[-1] >= OP_MIN_ROWS and _simd_x86()
 
 
-def padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``, with ``x`` ``(..., K)`` padded by zero rows to :data:`PAD_ROWS` where
-    :func:`pads` says so; ``(..., N)``."""
-    return padded_product(x, weight, bias) if pads(x, weight, bias) else F.linear(x, weight, bias)
+@functools.cache
+def _simd_x86() -> bool:
+    return _x86() and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
-def padded_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear`` of ``x`` ``(..., K)`` (at most :data:`PAD_ROWS` rows) padded by zero rows to
-    :data:`PAD_ROWS`, the padding's outputs dropped: ``(..., N)``. Unconditional (benchmarks force it)."""
+def _op_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     K = x.shape[-1]
-    rows = x.reshape(-1, K)
-    full = torch.zeros(PAD_ROWS, K, dtype=x.dtype)
-    full[: rows.shape[0]] = rows
-    return F.linear(full, weight, bias)[: rows.shape[0]].view(*x.shape[:-1], weight.shape[0])
+    y = few_row_linear(x.reshape(-1, K), weight, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def _padded_forward(module: nn.Linear, x: Tensor) -> Tensor:
-    return padded_linear(x, module.weight, module.bias)
+_few_row_op = torch.ops.dspark.few_row_linear.default
+
+
+def _op_forward(module: nn.Linear, x: Tensor) -> Tensor:
+    """A routed module's forward: the op's checks that can change per call (rows, dtype, autograd), inline
+    because the 200-odd linears of a forward each pay them (the weight's were made when routing it)."""
+    params = module.__dict__["_parameters"]
+    w, b = params["weight"], params["bias"]
+    K = x.shape[-1]
+    rows = x.numel() // K if K else 0
+    if (
+        OP_MIN_ROWS <= rows <= OP_MAX_ROWS
+        and x.dtype == torch.float32
+        and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+        and (b is None or not (torch.is_grad_enabled() and b.requires_grad))
+    ):
+        return _few_row_op(x.reshape(rows, K), w, b).view(*x.shape[:-1], w.shape[0])
+    return F.linear(x, w, b)
 
 
 def plain_linears(module: nn.Module) -> list[nn.Linear]:
@@ -194,21 +192,23 @@ def plain_linears(module: nn.Module) -> list[nn.Linear]:
 
 
 @contextlib.contextmanager
-def weight_stationary_linears(linears: Iterable[nn.Module], max_rows: int | None = None) -> Iterator[int]:
-    """Route the given plain ``nn.Linear`` modules through :func:`linear` inside the block.
+def few_row_linears(linears: Iterable[nn.Module], max_rows: int | None = None) -> Iterator[int]:
+    """Route the given plain ``nn.Linear`` modules through the faster few-row product inside the block.
 
     Changed: modules of exact type ``nn.Linear`` with an fp32 CPU weight whose ``forward`` is the class's own (a
     subclass, e.g. a quantised linear, a module another library has hooked by replacing ``forward``, or one the
     path can never apply to is left alone). Callers on a hot path pass a list made once with
     :func:`plain_linears`. The instance attribute set here is removed on exit, also when the block raises.
-    With ``max_rows=None`` and a machine where :func:`default_max_rows` is 0, the large weights
-    (:data:`PAD_MIN_NUMEL`) go through :func:`padded_linear` instead; ``max_rows=0`` changes nothing.
-    Yields the row limit in use (0: the weight-stationary path is off).
+    The weight-stationary :func:`linear` where ``max_rows`` (default :func:`default_max_rows`) is above 0;
+    with ``max_rows=None`` on x86 with AVX2 / AVX-512 where that is 0, weights of at least
+    :data:`OP_MIN_NUMEL` elements go through ``dspark::few_row_linear`` where :func:`op_applies` (else
+    ``F.linear``); ``max_rows=0`` changes nothing.
+    Yields the row limit of the weight-stationary path (0: off).
     """
     limit = default_max_rows() if max_rows is None else int(max_rows)
-    pad = max_rows is None and limit == 0 and platform.machine().lower() in ("x86_64", "amd64")
+    use_op = max_rows is None and limit == 0 and _simd_x86()
     patched: list[nn.Linear] = []
-    if limit > 0 or pad:
+    if limit > 0 or use_op:
         for m in linears:
             if type(m) is not nn.Linear:
                 continue
@@ -220,8 +220,8 @@ def weight_stationary_linears(linears: Iterable[nn.Module], max_rows: int | None
             if limit > 0:
                 d["forward"] = functools.partial(_forward, m, max_rows=limit)
                 patched.append(m)
-            elif w.numel() >= PAD_MIN_NUMEL:
-                d["forward"] = functools.partial(_padded_forward, m)
+            elif w.numel() >= OP_MIN_NUMEL:
+                d["forward"] = functools.partial(_op_forward, m)
                 patched.append(m)
     try:
         yield limit

@@ -19,7 +19,7 @@ from dspark.models import cpu_linear
 from dspark.models.block_inputs import block_embeddings, copy_inputs
 from dspark.models.config import DrafterConfig
 from dspark.models.context import RequestContext
-from dspark.models.cpu_linear import weight_stationary_linears
+from dspark.models.cpu_linear import few_row_linears
 from dspark.models.draft_vocab import expand_to_vocab
 from dspark.models.heads import MarkovSample, sample_without_markov
 
@@ -196,7 +196,7 @@ class DraftSteps:
         anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
         vocab = self._vocab_tables()
         # fp32 CPU: few rows (γ per request) go faster transposed
-        with weight_stationary_linears(self.modules()):
+        with few_row_linears(self.modules()):
             hidden = self.backbone(anchors, ctxs, starts, copy)
             skip = self.config.block_slots - self.config.block_size  # 1: the anchor's slot drafts nothing
             if skip or g < hidden.shape[1]:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from dspark.host_sync import to_device
 from dspark.kv import PagePool
-from dspark.models.cpu_linear import plain_linears, weight_stationary_linears
+from dspark.models.cpu_linear import few_row_linears, plain_linears
 from dspark.models.support import (  # noqa: F401 (tap_layers, TESTED_FAMILIES: re-exported)
     TESTED_FAMILIES,
     UnsupportedModelError,
@@ -478,7 +478,7 @@ class TargetAdapter:
             self._layers, sorted(set(layers)), lambda layer, h: captured.__setitem__(layer, h[0])
         )
         try:
-            with weight_stationary_linears(self._linears, self.linear_max_rows):
+            with few_row_linears(self._linears, self.linear_max_rows):
                 out = self.model(
                     input_ids=input_ids,
                     position_ids=position_ids,

@@ -2,6 +2,7 @@
 """Typed wrappers of the ``torch.ops.dspark`` operators; importing this registers their fake implementations."""
 
 from dspark.ops.confidence import confidence
+from dspark.ops.few_row_linear import few_row_linear
 from dspark.ops.markov_sample import markov_sample
 from dspark.ops.paged_kv_append import paged_kv_append
 from dspark.ops.paged_verify_attention import paged_verify_attention
@@ -12,6 +13,7 @@ from dspark.ops.rejection_sample import rejection_sample
 __all__ = [
     "PLAN_MODES",
     "confidence",
+    "few_row_linear",
     "paged_kv_append",
     "paged_verify_attention",
     "philox_draw",

@@ -2,6 +2,7 @@
 """Pure-PyTorch / pure-Python oracles of every dspark op (slow, plain, obviously right)."""
 
 from dspark.reference.confidence import confidence_ref
+from dspark.reference.few_row_linear import few_row_linear_ref
 from dspark.reference.markov_sample import markov_sample_ref
 from dspark.reference.paged_kv_append import paged_kv_append_ref
 from dspark.reference.paged_verify_attention import gather_request_kv, paged_verify_attention_ref
@@ -11,6 +12,7 @@ from dspark.reference.rejection_sample import draft_probs_ref, rejection_sample_
 
 __all__ = [
     "confidence_ref",
+    "few_row_linear_ref",
     "gather_request_kv",
     "paged_kv_append_ref",
     "paged_verify_attention_ref",
