@@ -53,6 +53,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods", nargs="+", default=list(METHODS), help="engine dspark lookup hybrid [+measured]"
     )
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument(
+        "--costs",
+        type=Path,
+        default=None,
+        help="the planner's cost table (costs.json of `dspark profile`); default: the bundled drafter's",
+    )
+    ap.add_argument(
+        "--drafter-dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="the drafter's dtype (default: dspark.demo.fast_drafter_dtype)",
+    )
     ap.add_argument("--quick", action="store_true", help="CI size: 2 prompts x 8 tokens, batch 2, 1 repeat")
     args = ap.parse_args(argv)
     for m in args.methods:
@@ -122,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
     target, tok = load_target("smollm2")
-    drafter, name, sps, sts = resolve_drafter(
-        "bundled", target, tok, args.quick, fast_drafter_dtype(target.dtype)
-    )
+    dtype = getattr(torch, args.drafter_dtype) if args.drafter_dtype else fast_drafter_dtype(target.dtype)
+    drafter, name, sps, sts = resolve_drafter("bundled", target, tok, args.quick, dtype)
+    sps = args.costs or sps
     prior = Path(sts).parent / "lookup_prior.json" if sts is not None else None
     bench = {
         "target": target,
@@ -139,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU: {cpu['model']} ({' '.join(cpu['flags'])}), torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     print(
-        f"drafter {name} ({drafter.dtype}), batch {args.batch}, T = {args.temperature:g}, {args.repeats} repeats"
+        f"drafter {name} ({drafter.dtype}), cost table {sps}, batch {args.batch}, T = {args.temperature:g}, "
+        f"{args.repeats} repeats"
     )
     failed = False
     for set_name, texts in read_prompt_sets(args.prompts, args.n):

@@ -42,6 +42,17 @@ def test_demo_cli_passes_dtypes(monkeypatch):
         and seen["dtype"] == torch.float32
     )
     assert cli.main(["demo"]) == 0 and seen["drafter_dtype"] is None and len(seen["prompts"]) == 3
-    fast = demo.fast_drafter_dtype(torch.float32)
-    bf16_hw = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-    assert fast == (torch.bfloat16 if bf16_hw else torch.float32)
+
+def test_fast_drafter_dtype_follows_the_hardware(monkeypatch):
+    import dspark.demo as demo
+
+    def machine(amx, avx_bf16, op):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx_bf16)
+        monkeypatch.setattr(demo, "_fp32_few_row_op", lambda: op)
+        return demo.fast_drafter_dtype(torch.float32)
+
+    assert machine(amx=True, avx_bf16=True, op=True) == torch.bfloat16  # AMX: bf16 always
+    assert machine(amx=False, avx_bf16=True, op=False) == torch.bfloat16  # EPYC: the stationary fp32 path
+    assert machine(amx=False, avx_bf16=True, op=True) == torch.float32  # the few-row op keeps up in fp32
+    assert machine(amx=False, avx_bf16=False, op=False) == torch.float32  # no bf16 hardware
