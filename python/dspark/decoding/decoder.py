@@ -27,6 +27,7 @@ from dspark.decoding.inputs import (
     resolve_sampling,
 )
 from dspark.decoding.lookup import LookupConfig
+from dspark.decoding.machine import warn_if_profiled_elsewhere
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.request import GenerateOutput, Request, StreamEvent
 from dspark.decoding.round import CallState, RoundRecord, decode_round, prefill, release
@@ -182,6 +183,8 @@ class DSparkDecoder:
                 measure_costs=measure_costs,
             )
         )
+        if self.planner.cost_table is not None:
+            warn_if_profiled_elsewhere(self.planner.cost_table.metadata, _device(target))
         sts_t, sts_b = load_sts(sts, max(gamma, 1))
         self.target = target
         self.drafter = drafter
@@ -459,8 +462,12 @@ class DSparkDecoder:
 
 def _device_type(model: torch.nn.Module) -> str:
     """Where the model's parameters live ("cpu" for a model without any)."""
+    return _device(model).type
+
+
+def _device(model: torch.nn.Module) -> torch.device:
     param = next(model.parameters(), None)
-    return "cpu" if param is None else param.device.type
+    return torch.device("cpu") if param is None else param.device
 
 
 def _lookup_config(lookup: Any) -> LookupConfig | None:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dspark.decoding.machine import machine_name
 from dspark.models.target import TargetAdapter, TargetInput
 from dspark.profiling.table import CostTable, DraftCost, VerifyCost
 
@@ -66,25 +67,13 @@ def default_batch_tokens(num_requests: int, block_size: int) -> list[int]:
     return [num_requests * n for n in range(1, block_size + 2)]
 
 
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows (e.g. ``x86_64``)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def describe_device(device: torch.device) -> dict:
     """Device, library versions and threads, for the table's metadata."""
     from dspark import _version as dspark  # only the version: the package top is a layer above
 
     info: dict[str, Any] = {
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "device_name": machine_name(device),
         "torch_version": torch.__version__,
         "dspark_version": dspark.__version__,
         "python_version": platform.python_version(),
