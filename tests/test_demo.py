@@ -43,6 +43,7 @@ def test_demo_cli_passes_dtypes(monkeypatch):
     )
     assert cli.main(["demo"]) == 0 and seen["drafter_dtype"] is None and len(seen["prompts"]) == 3
 
+
 def test_fast_drafter_dtype_follows_the_hardware(monkeypatch):
     import dspark.demo as demo
 

@@ -154,3 +154,51 @@ def test_rounds_with_and_without_the_drafter_follow_the_target(monkeypatch, temp
     assert pval > 1e-3 and tv < TV_MAX, (pval, tv)
     assert 0 < len(calls) < out.stats.rounds  # plain rounds and drafter rounds
     assert 0 < out.stats.rejected_drafts < out.stats.verified_drafts
+
+
+def test_rows_of_skipped_rounds_reach_the_drafter_before_it_drafts(monkeypatch):
+    """Rounds without the drafter hold their rows' features; the drafter sees its whole context when it next
+    drafts (one append for many rounds), and output stays the target's greedy."""
+    target = tiny_target("llama", vocab=64)
+    drafter = random_drafter(target, block_size=4)
+    prompt = [7, 8, 9, 10] * 6
+    dec = DSparkDecoder(target, drafter, sps_table=table_for(1, 1e4))
+    seen, appends = [], []
+    propose, append = drafter.propose, drafter.append_context
+
+    def checked_propose(ids, *a, **k):
+        seen.extend(drafter.next_position(rid) == dec.adapter.length(rid) for rid in ids)
+        return propose(ids, *a, **k)
+
+    monkeypatch.setattr(drafter, "propose", checked_propose)
+    monkeypatch.setattr(drafter, "append_context", lambda *a, **k: appends.append(1) or append(*a, **k))
+    try:
+        out = dec.generate([prompt], max_new_tokens=64, eos_token_id=[])
+    finally:
+        dec.close()
+    ref = target.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False, eos_token_id=None)
+    assert out.sequences[0] == ref[0, len(prompt) :].tolist()
+    assert seen and all(seen)  # every draft saw every committed row
+    assert len(appends) < out.stats.rounds // 2  # rows of skipped rounds batched, not one append a round
+
+
+def test_pending_rows_are_bounded_without_the_drafter(monkeypatch):
+    monkeypatch.setattr(round_mod, "PENDING_CONTEXT_ROWS", 5)
+    monkeypatch.setattr(round_mod, "drafter_pays", lambda *a, **k: False)
+    monkeypatch.setattr(round_mod, "DRAFTER_PROBE_ROUNDS", 10**6)  # the drafter never runs
+    target = tiny_target("llama", vocab=64)
+    drafter = random_drafter(target, block_size=4)
+    dec = DSparkDecoder(target, drafter, sps_table=table_for(1, 1e4))
+    held = []
+    commit = round_mod.commit
+
+    def watched(engine, call, r):
+        commit(engine, call, r)
+        held.extend(sum(len(f) for f in q.pending_context) for q in r.requests)
+
+    monkeypatch.setattr(round_mod, "commit", watched)
+    try:
+        dec.generate([[7, 8, 9, 10] * 6], max_new_tokens=40, eos_token_id=[])
+    finally:
+        dec.close()
+    assert held and max(held) < 5

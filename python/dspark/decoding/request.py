@@ -57,6 +57,8 @@ class Request:
     events: list[StreamEvent] = field(default_factory=list)
     lookup: LookupIndex | None = None  # prompt + committed tokens, indexed for lookup drafts (lookup on)
     copy_index: LookupIndex | None = None  # the same for a drafter's copy channel (its own match rule)
+    # target features of rows committed in rounds the drafter skipped, fed to its context before it next drafts
+    pending_context: list = field(default_factory=list)
 
     @property
     def generated(self) -> list[int]:

@@ -177,6 +177,7 @@ def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> No
             look_up_drafts(engine, call, r)
     if r.run_drafter:
         with stats.stage("draft"):
+            feed_pending_context(engine, r.requests)
             r.proposal = engine.drafter.propose(
                 r.ids,
                 r.anchors,
@@ -435,9 +436,9 @@ def measure_costs(engine: Engine, call: CallState, r: RoundState) -> None:
 
 def commit(engine: Engine, call: CallState, r: RoundState) -> None:
     """Cut the target KV back to the committed tokens, apply the stop rules, feed the drafter the target
-    features of the committed rows, record the round."""
+    features of the committed rows (held while it is skipped), record the round."""
     lens = r.verify_len.tolist()
-    emitted, cont_ids, cont_rows = [], [], []
+    emitted, cont, cont_rows = [], [], []
     for i, req in enumerate(r.requests):
         a = r.accepted_host[i]
         committed_len = engine.adapter.length(req.rid) - lens[i] + 1 + a  # anchor + accepted drafts
@@ -446,13 +447,32 @@ def commit(engine: Engine, call: CallState, r: RoundState) -> None:
         emitted.append(len(kept))
         learn_acceptance(engine, r, i, kept)
         if not req.done:
-            cont_ids.append(req.rid)
+            cont.append(req)
             cont_rows.append((r.target.qo_indptr[i], a + 1))
-    if call.drafting and cont_ids:  # one batched append of the committed rows' target features
+    if call.drafting and cont:  # the committed rows' target features, gathered in one index
         rows = torch.cat([torch.arange(s, s + n) for s, n in cont_rows])
-        feats = target_features(engine, r.target, rows)
-        engine.drafter.append_context(cont_ids, list(feats.split([n for _, n in cont_rows])))
+        feats = target_features(engine, r.target, rows).split([n for _, n in cont_rows])
+        for req, f in zip(cont, feats, strict=True):
+            req.pending_context.append(f)
+        # one batched append after a drafter round; after a round without it the rows wait for the next
+        # one (many rounds, one append), up to PENDING_CONTEXT_ROWS per request
+        full = [q for q in cont if sum(len(f) for f in q.pending_context) >= PENDING_CONTEXT_ROWS]
+        feed_pending_context(engine, cont if r.run_drafter else full)
     call.stats.record_round(lens, r.accepted_host, emitted, r.survival_host, r.budget, sources(r))
+
+
+# rows a request's pending context may hold before they are appended without waiting for the drafter
+PENDING_CONTEXT_ROWS = 64
+
+
+def feed_pending_context(engine: Engine, requests: list[Request]) -> None:
+    """Append the rows committed while the drafter was skipped to its contexts (one batched call)."""
+    waiting = [req for req in requests if req.pending_context]
+    if waiting:
+        feats = [torch.cat(req.pending_context) for req in waiting]
+        engine.drafter.append_context([req.rid for req in waiting], feats)
+        for req in waiting:
+            req.pending_context.clear()
 
 
 def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int]) -> None:
@@ -539,4 +559,5 @@ def release(engine: Engine, req: Request) -> None:
         engine.adapter.finish(req.rid)
     if engine.drafter is not None:
         engine.drafter.finish(req.rid)
+    req.pending_context.clear()  # a resumed request's context is rebuilt from its committed tokens
     req.started = False
