@@ -33,7 +33,6 @@ def op_calls(monkeypatch) -> list[tuple[int, ...]]:
         return real(x, w, b)
 
     monkeypatch.setattr(cpu_linear, "_few_row_op", spy)
-    monkeypatch.setattr(cpu_linear, "few_row_linear", spy)
     return calls
 
 

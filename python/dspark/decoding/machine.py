@@ -29,8 +29,9 @@ def profiled_elsewhere(metadata: dict, device: torch.device) -> str | None:
     CPU its thread count), or None when it matches or the table does not say."""
     name, threads = metadata.get("device_name"), metadata.get("threads")
     differences = []
-    if name and name != machine_name(device):
-        differences.append(f"on {name!r} (here: {machine_name(device)!r})")
+    here = machine_name(device) if name else None
+    if name and name != here:
+        differences.append(f"on {name!r} (here: {here!r})")
     if device.type == "cpu" and isinstance(threads, int) and threads != torch.get_num_threads():
         differences.append(f"with {threads} threads (here: {torch.get_num_threads()})")
     return " and ".join(differences) or None

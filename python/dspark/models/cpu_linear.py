@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dspark.ops.few_row_linear import few_row_linear
+import dspark.ops  # noqa: F401  (registers the ops' fakes; torch.ops.dspark.few_row_linear below)
 
 
 def default_max_rows() -> int:
@@ -104,8 +104,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, max_rows: int 
         ``(N,)``.
     max_rows : int, optional
         Largest row count ``prod(x.shape[:-1])`` that takes the weight-stationary path; default
-        :func:`default_max_rows`, and where that is 0 on x86 the packed product where it pays
-        (:func:`op_applies`). 0 always calls ``F.linear``.
+        :func:`default_max_rows`, and where that is 0 the ``dspark::few_row_linear`` op where
+        :func:`op_applies`. 0 always calls ``F.linear``.
 
     Returns
     -------
@@ -137,8 +137,8 @@ def _x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-# dspark::few_row_linear from this many rows: below, MKL's few-row kernels are as fast (2-thread Xeon:
-# SmolLM2-135M's projections, 1-2 rows even, 3 rows 1.1x slower; 4-12 rows 1.3-1.6x faster, 16-24 1.1-1.3x)
+# the rows dspark::few_row_linear takes (2-thread Xeon, SmolLM2-135M's weights: 1.0-1.1x F.linear at 1-3 rows,
+# 1.6-2.0x at 4-16, 1.1-1.2x at 24-32, 0.8x at 48; docs/benchmarks.md)
 OP_MIN_ROWS = 1
 OP_MAX_ROWS = 32
 OP_MIN_NUMEL = 1 << 16  # smaller weights sit in cache, where the per-call cost matters more than the reads
@@ -160,13 +160,12 @@ def _simd_x86() -> bool:
     return _x86() and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
+_few_row_op = torch.ops.dspark.few_row_linear.default
+
+
 def _op_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     K = x.shape[-1]
-    y = few_row_linear(x.reshape(-1, K), weight, bias)
-    return y.view(*x.shape[:-1], weight.shape[0])
-
-
-_few_row_op = torch.ops.dspark.few_row_linear.default
+    return _few_row_op(x.reshape(-1, K), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def _op_forward(module: nn.Linear, x: Tensor) -> Tensor:
