@@ -21,7 +21,7 @@
 # Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_E2E (auto: the full
 # bench_e2e_gpu run when at least DEVICE_CHECK_E2E_FULL_S seconds (default 330) would be left for it, else
 # --quick; full, quick, or off), DEVICE_CHECK_E2E_ARGS (more bench_e2e_gpu arguments, e.g. --no-graphs: the full
-# run measures eager and CUDA-graph rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all six),
+# run measures eager and CUDA-graph rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all seven),
 # DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default "not graph"), DSPARK_CUDA_ARCHS
 # (default 90a), DSPARK_ENABLE_CUDA (default ON; OFF with BENCH_DEVICE=cpu rehearses the script on a machine
 # without a GPU; bench_e2e_gpu then runs --quick on the CPU).
@@ -105,7 +105,7 @@ fi
 say "microbenchmarks ($(left)s left)"
 mkdir -p /tmp/dspark-bench
 : >"$OUT/bench.md"
-BENCHES="${DEVICE_CHECK_BENCHES:-paged_verify_attention markov_sample rejection_sample confidence plan_verify philox_draw}"
+BENCHES="${DEVICE_CHECK_BENCHES:-paged_verify_attention markov_sample rejection_sample confidence plan_verify philox_draw few_row_linear}"
 for name in $BENCHES; do
   t=$(($(left) - 20))
   [ "$t" -lt 15 ] && { say "no time left for bench_$name"; continue; }

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``dspark::few_row_linear``: ``x · weightᵀ + bias`` for a few rows, reading the weight once (CPU)."""
+"""``dspark::few_row_linear``: ``x · weightᵀ + bias`` for a few rows, reading the weight once (CPU, CUDA)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ def few_row_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Ten
     are in L1, so the time stays near that of one row (the weight's read from memory) up to ~16 rows, where
     BLAS few-row GEMMs grow with the rows. AVX-512 and AVX2 + FMA paths, a scalar one elsewhere (or with
     ``DSPARK_CPU_SIMD=0``). fp32 sums with fused multiply-adds: equal to ``F.linear`` to float rounding, and
-    the same for any thread count. CPU only (on CUDA ``F.linear``'s cuBLAS GEMM is the tool).
+    the same for any thread count. On CUDA one warp streams each weight row in 16-byte loads against up to 8
+    rows of ``x`` at a time (fixed-order sums: the same floats on every run); the models route only their CPU
+    linears to the op (:mod:`dspark.models.cpu_linear`), CUDA linears stay with cuBLAS.
 
     Parameters
     ----------
