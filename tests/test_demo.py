@@ -42,6 +42,15 @@ def test_demo_cli_passes_dtypes(monkeypatch):
         and seen["dtype"] == torch.float32
     )
     assert cli.main(["demo"]) == 0 and seen["drafter_dtype"] is None and len(seen["prompts"]) == 3
+    assert seen["costs"] == "bundled"
+    assert cli.main(["demo", "--costs", "auto"]) == 0 and seen["costs"] == "auto"
+
+
+def test_demo_refuses_an_unknown_cost_table_before_loading():
+    from dspark.demo import run_demo
+
+    with pytest.raises(ValueError, match="costs: expected 'bundled' or 'auto'"):
+        run_demo(["hi"], costs="mine")
 
 
 def test_fast_drafter_dtype_follows_the_hardware(monkeypatch):

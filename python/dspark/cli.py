@@ -31,6 +31,7 @@ def _demo(args: argparse.Namespace) -> int:
         planner=args.planner,
         dtype=getattr(torch, args.dtype),
         drafter_dtype=None if args.drafter_dtype == "auto" else getattr(torch, args.drafter_dtype),
+        costs=args.costs,
     )
     return 0
 
@@ -103,11 +104,17 @@ def _generate(args: argparse.Namespace) -> int:
         drafter = DSparkDrafter.from_pretrained(
             args.drafter, target=target, tokenizer=tok, draft_vocab=draft_vocab_option(args.draft_vocab)
         )
+    sps = args.sps
+    if sps == "auto":  # this machine's table: cached, or profiled now (about a minute for a small model)
+        from dspark.profiling.local import local_cost_table
+
+        sps = local_cost_table(target, drafter)
+        print(f"cost table: {sps.metadata['cache_path']}", file=sys.stderr)
     dec = DSparkDecoder(
         target,
         drafter,
         planner=args.planner,
-        sps_table=args.sps,
+        sps_table=sps,
         sts=args.sts,
         block_size=args.block_size,
         tokenizer=tok,
@@ -171,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "float32", "bfloat16"],
         help="auto: bfloat16 on CPUs with AMX / AVX-512 BF16, else the target's (exactness holds either way)",
     )
+    d.add_argument(
+        "--costs",
+        default="bundled",
+        choices=["bundled", "auto"],
+        help="the planner's cost table: the bundled drafter's, or auto: this machine's (profiled once, about "
+        "a minute, and cached)",
+    )
     d.set_defaults(fn=_demo)
     o = sub.add_parser("tour", help="a tour of the planner ops on synthetic drafter outputs")
     o.add_argument("--requests", type=int, default=6)
@@ -194,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         "--planner", default="early_stop", choices=["full", "threshold", "early_stop", "lagged_topk"]
     )
     g.add_argument(
-        "--sps", default=None, help="cost table: dspark profile's costs.json or SGLang's 1-D SPS JSON"
+        "--sps",
+        default=None,
+        help="cost table: dspark profile's costs.json, SGLang's 1-D SPS JSON, or 'auto' (this machine's, "
+        "profiled once and cached: docs/profiling.md)",
     )
     g.add_argument(
         "--measure-costs",

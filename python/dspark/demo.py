@@ -77,6 +77,7 @@ def run_demo(
     planner: str = "early_stop",
     dtype: torch.dtype | None = None,
     drafter_dtype: torch.dtype | None = None,
+    costs: str = "bundled",
     show_answers: bool = True,
 ) -> list[dict]:
     """Run the demo and print the answers and the comparison table; returns one row per prompt.
@@ -85,8 +86,12 @@ def run_demo(
     float32 greedy DSpark reproduces plain decoding token for token. In bfloat16 the verify forward (several
     tokens at once) and the decode step round differently, so near-ties can go the other way and the texts can
     part, while each is still the target's greedy choice under its own forward (docs/decoder.md).
-    ``drafter_dtype`` defaults to :func:`fast_drafter_dtype`.
+    ``drafter_dtype`` defaults to :func:`fast_drafter_dtype`. ``costs`` is the planner's cost table:
+    ``"bundled"`` (the drafter's, profiled on the machine its metadata names) or ``"auto"`` (this machine's:
+    :func:`dspark.profiling.local_cost_table`, profiled once and cached).
     """
+    if costs not in ("bundled", "auto"):
+        raise ValueError(f"costs: expected 'bundled' or 'auto', got {costs!r}")
     from dspark import DSparkDecoder, build_info
     from dspark.decoding.inputs import chat_token_ids
     from dspark.models.bundled import load_bundled_drafter
@@ -121,9 +126,16 @@ def run_demo(
     _plain(target, tok, warm, 4)
     ids_all = [chat_token_ids(tok, text) for text in prompts]
     plain_runs = [_plain(target, tok, ids, max_new_tokens) for ids in ids_all]
+    if costs == "auto":
+        from dspark.profiling.local import local_cost_table
+
+        sps = local_cost_table(target, drafter)
+        print(f"cost table of this machine: {sps.metadata['cache_path']}")
+    else:
+        sps = str(bundle.sps) if bundle.sps else None
     settings = dict(
         planner=planner,
-        sps_table=str(bundle.sps) if bundle.sps else None,
+        sps_table=sps,
         sts=str(bundle.sts_for(0.0)) if bundle.sts_for(0.0) else None,  # the demo decodes greedily
         tokenizer=tok,
     )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dspark import DSparkDecoder
-from dspark.decoding.machine import machine_name, profiled_elsewhere
+from dspark.decoding.machine import machine_name, profiled_elsewhere, same_machine
 from dspark.decoding.tables import CostTable, VerifyCost
 from tests.decoding.toy_models import tiny_target
 
@@ -30,6 +30,18 @@ def test_what_counts_as_another_machine():
     assert threads == f"with {torch.get_num_threads() + 3} threads (here: {torch.get_num_threads()})"
     both = profiled_elsewhere(here(device_name="X", threads=torch.get_num_threads() + 1), CPU)
     assert both is not None and " and " in both
+
+
+def test_a_cpu_is_named_with_its_family_and_isa():
+    name = machine_name(CPU)
+    assert name.endswith(f"{torch.backends.cpu.get_cpu_capability()})")
+    model = name.split(" (", 1)[0]
+    # two generations that share a bare model name (virtual machines) are told apart by family or ISA
+    assert not same_machine(f"{model} (family 1, AVX512_FAKE)", name)
+    assert profiled_elsewhere(here(device_name=f"{model} (family 1, AVX512_FAKE)"), CPU) is not None
+    # a table written before the family and ISA were recorded names the model only: compared by it
+    assert same_machine(model, name) and profiled_elsewhere(here(device_name=model), CPU) is None
+    assert not same_machine("Some Other CPU", name)
 
 
 def table(metadata: dict) -> CostTable:

@@ -10,18 +10,40 @@ import warnings
 import torch
 
 
-def machine_name(device: torch.device) -> str:
-    """The GPU's name on CUDA; else the CPU's model name (``/proc/cpuinfo`` on Linux, else ``platform``)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+def _cpuinfo(fields: tuple[str, ...]) -> dict[str, str]:
+    """The first value of each of ``fields`` in ``/proc/cpuinfo`` (empty off Linux)."""
+    found: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in fields and key not in found:
+                    found[key] = value.strip()
+                if len(found) == len(fields):
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return found
+
+
+def machine_name(device: torch.device) -> str:
+    """The GPU's name on CUDA; on CPU the model name with its family and the vector ISA torch uses, e.g.
+    ``"AMD EPYC (family 25, AVX2)"``: virtual machines often report a bare model name that one generation
+    shares with the next, and the ISA sets what a CPU linear costs."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    info = _cpuinfo(("model name", "cpu family"))
+    model = info.get("model name") or platform.processor() or platform.machine()
+    details = [f"family {info['cpu family']}"] if "cpu family" in info else []
+    details.append(torch.backends.cpu.get_cpu_capability())
+    return f"{model} ({', '.join(details)})"
+
+
+def same_machine(profiled: str, here: str) -> bool:
+    """Whether a table's ``device_name`` names this machine; a name written before the family and ISA were
+    recorded (no parenthesis) is compared with the model name alone."""
+    return profiled == here or ("(" not in profiled and profiled == here.split(" (", 1)[0])
 
 
 def profiled_elsewhere(metadata: dict, device: torch.device) -> str | None:
@@ -30,7 +52,7 @@ def profiled_elsewhere(metadata: dict, device: torch.device) -> str | None:
     name, threads = metadata.get("device_name"), metadata.get("threads")
     differences = []
     here = machine_name(device) if name else None
-    if name and name != here:
+    if name and not same_machine(name, here):
         differences.append(f"on {name!r} (here: {here!r})")
     if device.type == "cpu" and isinstance(threads, int) and threads != torch.get_num_threads():
         differences.append(f"with {threads} threads (here: {torch.get_num_threads()})")
@@ -44,7 +66,8 @@ def warn_if_profiled_elsewhere(metadata: dict, device: torch.device) -> None:
         warnings.warn(
             f"sps_table: the cost table was profiled {difference}; the planner prices verify and drafter "
             "times from it, so its verify lengths may not pay on this machine. Profile this one with `dspark "
-            "profile --target ... --drafter ... --out DIR` and pass sps_table=DIR/costs.json.",
+            "profile --target ... --drafter ... --out DIR` and pass sps_table=DIR/costs.json, or pass "
+            "sps_table=dspark.profiling.local_cost_table(target, drafter) (profiled once, cached).",
             UserWarning,
             stacklevel=3,
         )
