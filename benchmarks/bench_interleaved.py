@@ -14,7 +14,9 @@ the engine's.
 Methods (``--methods``): ``engine`` (no drafts), ``dspark`` (the drafter, ``early_stop``), ``lookup`` (lookup
 decoding), ``hybrid`` (drafter + lookup); a ``+measured`` suffix adds ``measure_costs=True``, a ``+always``
 suffix runs the drafter in every round (the rule of docs/lookup.md "Whether the drafter runs" switched off, for
-an A/B of it). The drafter is the bundled one (its cost table, STS and lookup prior).
+an A/B of it), a ``+local`` suffix plans with this machine's cost table (``dspark.profiling.local_cost_table``:
+cached, or profiled before the first repeat) instead of ``--costs``. The drafter is the bundled one (its cost
+table, STS and lookup prior).
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument(
-        "--methods", nargs="+", default=list(METHODS), help="engine dspark lookup hybrid [+measured]"
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        help="engine dspark lookup hybrid [+measured] [+always] [+local]",
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument(
@@ -68,8 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="CI size: 2 prompts x 8 tokens, batch 2, 1 repeat")
     args = ap.parse_args(argv)
     for m in args.methods:
-        if m.split("+")[0] not in METHODS or not set(m.split("+")[1:]) <= {"measured", "always"}:
-            ap.error(f"--methods: {m!r} is not one of {METHODS} (optionally with +measured / +always)")
+        if m.split("+")[0] not in METHODS or not set(m.split("+")[1:]) <= {"measured", "always", "local"}:
+            ap.error(
+                f"--methods: {m!r} is not one of {METHODS} (optionally with +measured / +always / +local)"
+            )
     if "engine" not in args.methods:
         args.methods.insert(0, "engine")  # every ratio is to it
     if args.quick:
@@ -98,7 +105,7 @@ def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.
             temperature=args.temperature,
             max_new_tokens=args.max_new_tokens,
             eos_ids=[],
-            sps=None if base == "engine" else bench["sps"],
+            sps=None if base == "engine" else bench["local_sps" if "local" in options else "sps"],
             sts=bench["sts"],
             lookup=lookup,
             lookup_prior=bench["prior"] if lookup else None,
@@ -146,12 +153,18 @@ def main(argv: list[str] | None = None) -> int:
         "sts": sts,
         "prior": prior if prior is not None and prior.exists() else None,
     }
+    if any("local" in m.split("+")[1:] for m in args.methods):
+        from dspark.profiling.local import local_cost_table
+
+        bench["local_sps"] = local_cost_table(target, drafter)
     cpu = cpu_description()
     print(
         f"CPU: {cpu['model']} ({' '.join(cpu['flags'])}), torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     print(
-        f"drafter {name} ({drafter.dtype}), cost table {sps}, batch {args.batch}, T = {args.temperature:g}, "
+        f"drafter {name} ({drafter.dtype}), cost table {sps}"
+        + (f" (+local: {bench['local_sps'].metadata['cache_path']})" if "local_sps" in bench else "")
+        + f", batch {args.batch}, T = {args.temperature:g}, "
         f"{args.repeats} repeats"
     )
     failed = False

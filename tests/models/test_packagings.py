@@ -96,8 +96,13 @@ def test_zlab_slots_are_the_anchor_conventions_shifted_by_one(tmp_path, target):
         deepspec_like(tmp_path, "ds", t, rank=0, opts={"block_size": 5, "confidence": False}), target=target
     )
     x, y = drafts(a, target), drafts(anchor, target)
-    assert torch.equal(x.base_logits, y.base_logits[:, 1:])
-    assert torch.equal(x.tokens, y.base_logits[:, 1:].argmax(-1))
+    # blocks of 4 and 5 slots are products of differently shaped buffers (BLAS kernels round differently by
+    # row count): equal to float rounding, not bit for bit
+    shifted = y.base_logits[:, 1:]
+    torch.testing.assert_close(x.base_logits, shifted, atol=1e-6, rtol=1e-5)
+    top2 = shifted.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 1e-4  # argmax decided by more than the rounding
+    assert clear.any() and torch.equal(x.tokens[clear], shifted.argmax(-1)[clear])
     assert not torch.equal(x.tokens, y.tokens[:, :4])  # the two conventions draft differently here
 
 

@@ -61,8 +61,10 @@ class DSparkDecoder:
         engine (continuous batching, paged KV, streaming), or lookup decoding with ``lookup``.
     planner : str or Planner
         ``"full"``, ``"threshold"``, ``"early_stop"`` (default) or ``"lagged_topk"``, or a ready Planner.
-    sps_table : SpsTable, dict, path or None
-        Target cost curve for the planner (missing: every draft is verified).
+    sps_table : SpsTable, CostTable, dict, path or None
+        Target cost curve for the planner (missing: every draft is verified). Profiled on this machine
+        (``dspark profile``, or ``dspark.profiling.local_cost_table(target, drafter)``: cached); a table from
+        another machine warns.
     sts : path, dict, sequence of float or None
         Per-position STS of the confidence head: SGLang's STS JSON (path or loaded dict; an optional
         ``"biases"`` list adds affine offsets, ``conf = sigmoid(logit / T + b)``) or a list of temperatures.

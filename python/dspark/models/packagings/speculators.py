@@ -22,6 +22,7 @@ from dspark.models import checkpoint as ckpt
 from dspark.models.config import DrafterConfig
 from dspark.models.packagings.base import (
     DRAFT_ROWS_ONLY,
+    QWEN3_FIELDS,
     REDUCED_TABLES,
     Packaged,
     backbone_config,
@@ -42,6 +43,40 @@ ARCHITECTURES = {"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator"}
 
 def matches(doc: dict) -> bool:
     return "speculators_model_type" in doc
+
+
+def layer_config(tl: dict) -> dict:
+    """``transformer_layer_config`` with its absent fields at speculators' values: it builds the ``model_type``'s
+    transformers config class from the dict (Qwen3Config without one), so an absent ``head_dim`` is Qwen3's 128
+    and an absent ``num_key_value_heads`` its 32, not dspark's hidden_size / heads and heads (speculators 0.9.0
+    ``models/dflash/config.py`` lines 89-100). Older writers' ``to_diff_dict`` drops such default values."""
+    rope_given = any(k in tl for k in ("rope_parameters", "rope_theta", "rope_scaling"))
+    missing = [k for k in QWEN3_FIELDS if k not in tl] + ([] if rope_given else ["rope_parameters"])
+    if not missing:
+        return tl
+    try:
+        from transformers import AutoConfig, Qwen3Config
+
+        kind = type(AutoConfig.for_model(tl["model_type"])) if "model_type" in tl else Qwen3Config
+        full = kind(**tl).to_dict()
+    except Exception:
+        # no transformers, or a config its class refuses: read the fields as given (named when missing)
+        return tl
+    return {**tl, **{k: full[k] for k in missing if full.get(k) is not None}}
+
+
+def verifier_architectures(verifier: str | None) -> list[str]:
+    """The verifier's ``architectures`` when it is a local folder, as speculators' ``VerifierConfig.from_pretrained``
+    records them (speculators 0.9.0 ``config.py`` lines 78-98); ``[]`` otherwise (accepted there)."""
+    path = Path(verifier) / ckpt.CONFIG_NAME if verifier else None
+    if path is None or not path.is_file():
+        return []
+    try:
+        doc = ckpt.read_json(path)
+    except (OSError, ValueError):  # informational only: a bad verifier config does not stop the write
+        return []
+    archs = doc.get("architectures") if isinstance(doc, dict) else None
+    return [str(a) for a in archs] if isinstance(archs, list) else []
 
 
 def draft_ids(d2t: Tensor, t2d: Tensor | None, draft_vocab_size: int, vocab_size: int, where: str) -> Tensor:
@@ -81,8 +116,12 @@ def read(path: str | os.PathLike) -> Packaged:
             f"{where}: field 'speculators_model_type' = {mtype!r}: dspark reads {list(MODEL_TYPES)} "
             "(block drafters; Eagle-3, MTP and others are different models)"
         )
-    tl = field(doc, "transformer_layer_config", where, dict)
+    tl = layer_config(field(doc, "transformer_layer_config", where, dict))
     out = backbone_config(tl, f"{where} (transformer_layer_config)")
+    # speculators' save_pretrained writes the dtype at the top level only
+    for key in ("dtype", "torch_dtype"):
+        if "dtype" not in out and doc.get(key) is not None:
+            out["dtype"] = doc[key]
     V = field(tl, "vocab_size", f"{where}: transformer_layer_config", int)
     H = field(tl, "hidden_size", f"{where}: transformer_layer_config", int)
     target_hidden = doc.get("target_hidden_size")
@@ -172,6 +211,7 @@ def write(path: str | os.PathLike, p: Packaged, *, verifier: str | None = None) 
         tensors["t2d"] = t2d
     elif p.config.get(DRAFT_ROWS_ONLY):
         raise ValueError("format='speculators': config has draft_rows_only but no draft vocabulary is given")
+    name = verifier or p.config.get("_name_or_path")
     doc = {
         "architectures": [ARCHITECTURES[mtype]],
         "speculators_model_type": mtype,
@@ -186,7 +226,7 @@ def write(path: str | os.PathLike, p: Packaged, *, verifier: str | None = None) 
             "algorithm": mtype,
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.block_size}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier or p.config.get("_name_or_path"), "architectures": []},
+            "verifier": {"name_or_path": name, "architectures": verifier_architectures(name)},
         },
     }
     if mtype == "dspark":
@@ -194,7 +234,9 @@ def write(path: str | os.PathLike, p: Packaged, *, verifier: str | None = None) 
             markov_rank=cfg.markov_rank,
             markov_head_type=cfg.markov_head_type,
             enable_confidence_head=cfg.enable_confidence_head,
-            confidence_head_with_markov=cfg.confidence_head_with_markov,
+            # speculators refuses true with markov_rank 0 (models/dspark/core.py lines 54-58); dspark's head then
+            # reads no Markov feature either way
+            confidence_head_with_markov=cfg.confidence_head_with_markov and cfg.has_markov,
         )
     if cfg.dtype is not None:
         doc["dtype"] = str(cfg.dtype).removeprefix("torch.")

@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared helpers of ``check_speculators_package.py``: the PASS / FAIL bookkeeping, tensor reading, the tiny
+draft vocabulary and the speculators classes (imported on demand)."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "python")]
+
+from safetensors.torch import load_file  # noqa: E402
+
+IDS = torch.tensor(sorted({0, 1, 2, 5, 7, 11, 13, 40, 50, 63, 96}))  # a draft vocabulary of the tiny targets
+# what speculators rebuilds from the verifier instead of reading (models/dflash/core.py _keys_to_ignore_*)
+VERIFIER_OWNED = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+RESULTS: list[bool] = []
+
+
+class Failed(Exception):
+    pass
+
+
+def expect(cond: bool, msg: str) -> None:
+    if not cond:
+        raise Failed(msg)
+
+
+def check(name: str, fn: Callable[[], str | None]) -> None:
+    try:
+        note = fn()
+    except Failed as e:
+        RESULTS.append(False)
+        print(f"FAIL  {name}: {e}", flush=True)
+    except Exception as e:  # a crash inside either package is a failed check, not the end of the run
+        RESULTS.append(False)
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        print(f"FAIL  {name}: {type(e).__name__}: {e} ({Path(last.filename).name}:{last.lineno})", flush=True)
+    else:
+        RESULTS.append(True)
+        print(f"PASS  {name}" + (f"  [{note}]" if note else ""), flush=True)
+
+
+def raiser(e: Exception) -> Callable[[], None]:
+    """A check that reports ``e`` (a case whose inputs could not be built)."""
+
+    def fn() -> None:
+        raise e
+
+    return fn
+
+
+def tensors(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+# ---- dspark -> speculators ------------------------------------------------------------------------------------
+def spec_classes():
+    from speculators import SpeculatorModel, SpeculatorModelConfig
+    from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+    from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
+
+    return (
+        SpeculatorModel,
+        SpeculatorModelConfig,
+        {
+            "dspark": (DSparkSpeculatorConfig, DSparkDraftModel),
+            "dflash": (DFlashSpeculatorConfig, DFlashDraftModel),
+        },
+    )
