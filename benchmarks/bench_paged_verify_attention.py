@@ -3,11 +3,15 @@
 
 python benchmarks/bench_paged_verify_attention.py [--quick] [--device cuda] [--json out.json]
 
-Cases: a verify round (R requests, 1-8 query rows each, 100-1000 keys each), and prefill (long query blocks).
+Cases: a verify round (R requests, 1-8 query rows each, 100-1000 keys each), a decode step and a 2-row verify
+of 8 requests over 256 keys each (the batch-8 rounds of docs/benchmarks.md), and prefill (long query blocks).
+On CPU the op is also timed with its scalar loops (``DSPARK_CPU_SIMD=0``, read per call) against its vector
+loops (AVX-512, or AVX2 + FMA), in the same process.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -53,6 +57,8 @@ def main() -> None:
     cases = [
         ("verify mixed", mixed_q, mixed_kv),
         ("verify uniform", [4] * R, [550] * R),
+        ("decode 256", [1] * R, [256] * R),
+        ("verify 2 x 256", [2] * R, [256] * R),
         ("prefill", [512, 256], [512, 256]),
     ]
     heads = [(9, 3, 64)] if args.quick else [(9, 3, 64), (32, 8, 128)]
@@ -75,6 +81,21 @@ def main() -> None:
                     budget,
                 )
                 t_ref = time_fn(lambda i=inputs, s=scale: gather_sdpa(*i, s, True), args.device, budget)
+                extra = {}
+                if args.device == "cpu":  # the vector loops against the scalar ones
+                    os.environ["DSPARK_CPU_SIMD"] = "0"
+                    try:
+                        t_scalar = time_fn(
+                            lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True),
+                            args.device,
+                            budget,
+                        )
+                    finally:
+                        os.environ.pop("DSPARK_CPU_SIMD")
+                    extra = {
+                        "scalar loops (us)": t_scalar.median_us,
+                        "vector vs scalar": t_scalar.median_us / t_op.median_us,
+                    }
                 kv_bytes = 2 * sum(n_kv) * Hkv * D * inputs[1].element_size()
                 case = {
                     "case": name,
@@ -85,7 +106,13 @@ def main() -> None:
                     "keys": sum(n_kv),
                 }
                 rows.append(
-                    Row(case, args.device, t_op, t_ref, {"KV GB/s": kv_bytes / (t_op.median_us * 1e3)})
+                    Row(
+                        case,
+                        args.device,
+                        t_op,
+                        t_ref,
+                        {"KV GB/s": kv_bytes / (t_op.median_us * 1e3), **extra},
+                    )
                 )
     report(
         "paged_verify_attention vs gather + SDPA",

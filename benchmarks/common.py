@@ -116,8 +116,20 @@ def env_info(device: str) -> dict:
     return info
 
 
+def _cell(v: object) -> str:
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
 def report(title: str, rows: list[Row], args: argparse.Namespace, case_keys: list[str]) -> None:
-    head = [*case_keys, "op median (us)", "op IQR", "reference median (us)", "speedup vs reference"]
+    extra_keys = list(dict.fromkeys(k for r in rows for k in r.extra))  # the rows' extra columns, in order
+    head = [
+        *case_keys,
+        "op median (us)",
+        "op IQR",
+        "reference median (us)",
+        "speedup vs reference",
+        *extra_keys,
+    ]
     lines = [f"### {title} ({args.device}, {torch.get_num_threads()} threads)", ""]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -125,8 +137,9 @@ def report(title: str, rows: list[Row], args: argparse.Namespace, case_keys: lis
         ref = f"{r.ref.median_us:.1f}" if r.ref else "-"
         sp = f"{r.speedup:.1f}x" if r.speedup else "-"
         cells = [str(r.case[k]) for k in case_keys]
+        extra = [_cell(r.extra.get(k, "-")) for k in extra_keys]
         lines.append(
-            "| " + " | ".join([*cells, f"{r.op.median_us:.1f}", f"{r.op.iqr_us:.1f}", ref, sp]) + " |"
+            "| " + " | ".join([*cells, f"{r.op.median_us:.1f}", f"{r.op.iqr_us:.1f}", ref, sp, *extra]) + " |"
         )
     print("\n".join(lines))
     if args.json:

@@ -7,7 +7,8 @@
 // round of <= 16 tokens is one chunk: its K/V are read once per KV head). Scores and the online softmax run
 // in fp32 (include/dspark/ online_softmax.h); the output is rounded to the input dtype once at the end. On a
 // CPU with AVX-512 (unless DSPARK_CPU_SIMD=0) and D a multiple of 16, the scores, the softmax weights and the
-// P·V update of a row run on 16 lanes (3x the scalar loops at 8 decode requests, docs/benchmarks.md).
+// P·V update of a row run on 16 lanes (3x the scalar loops at 8 decode requests, docs/benchmarks.md); with
+// AVX2 + FMA (or DSPARK_CPU_SIMD=avx2) and D a multiple of 8, the scores and the P·V update run on 8 lanes.
 #include "checks/paged_verify_attention.h"
 
 #include <ATen/Dispatch.h>
@@ -15,6 +16,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -69,7 +72,97 @@ DSPARK_AVX512 float accumulate_avx512(float* o, const float* const* vrow, float*
   }
   return _mm512_reduce_add_ps(sum);
 }
+
+#define DSPARK_AVX2 __attribute__((target("avx2,fma")))
+
+DSPARK_AVX2 inline float hsum8(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+// One key's score on 8 lanes: q . k over D (a multiple of 8) in one fma chain, times scale.
+DSPARK_AVX2 inline float score8(const float* q, const float* k, int64_t D, float scale) {
+  __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+  for (int64_t d = 8; d < D; d += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+  return hsum8(acc) * scale;
+}
+
+// scores_avx512 on 8 lanes (D a multiple of 8). Four keys at a time keep four independent fma chains in
+// flight (one chain is bound by the fma latency); each key's sum is the same chain as score8's.
+DSPARK_AVX2 float scores_avx2(const float* q, const float* const* krow, int64_t nk, int64_t D, float scale,
+                              float* S) {
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) {
+    const float *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
+    const __m256 q0 = _mm256_loadu_ps(q);
+    __m256 a0 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0)), a1 = _mm256_mul_ps(q0, _mm256_loadu_ps(k1));
+    __m256 a2 = _mm256_mul_ps(q0, _mm256_loadu_ps(k2)), a3 = _mm256_mul_ps(q0, _mm256_loadu_ps(k3));
+    for (int64_t d = 8; d < D; d += 8) {
+      const __m256 qd = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k1 + d), a1);
+      a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k2 + d), a2);
+      a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k3 + d), a3);
+    }
+    S[j] = hsum8(a0) * scale;
+    S[j + 1] = hsum8(a1) * scale;
+    S[j + 2] = hsum8(a2) * scale;
+    S[j + 3] = hsum8(a3) * scale;
+  }
+  for (; j < nk; ++j) S[j] = score8(q, krow[j], D, scale);
+  float mx = softmax_neg_inf();
+  for (j = 0; j < nk; ++j) mx = std::max(mx, S[j]);
+  return mx;
+}
+
+// accumulate_avx512 on 8 lanes (D a multiple of 8), with the scalar softmax weights. 64 columns of o at a
+// time stay in 8 registers over all keys (8 independent fma chains); each element's sum runs in key order,
+// as in the 8-column loop that takes the rest.
+DSPARK_AVX2 float accumulate_avx2(float* o, const float* const* vrow, float* S, int64_t nk, int64_t D,
+                                  float m_new, float alpha) {
+  float sum = 0.f;
+  for (int64_t j = 0; j < nk; ++j) {
+    S[j] = softmax_weight(S[j], m_new);
+    sum += S[j];
+  }
+  const __m256 av = _mm256_set1_ps(alpha);
+  int64_t d = 0;
+  for (; d + 64 <= D; d += 64) {
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_mul_ps(_mm256_loadu_ps(o + d + 8 * i), av);
+    for (int64_t j = 0; j < nk; ++j) {
+      const __m256 p = _mm256_set1_ps(S[j]);
+      const float* v = vrow[j] + d;
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), a[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d + 8 * i, a[i]);
+  }
+  for (; d < D; d += 8) {
+    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o + d), av);
+    for (int64_t j = 0; j < nk; ++j)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(S[j]), _mm256_loadu_ps(vrow[j] + d), acc);
+    _mm256_storeu_ps(o + d, acc);
+  }
+  return sum;
+}
 #endif
+
+// 2: the AVX-512 loops (D % 16 == 0), 1: the AVX2 + FMA ones (D % 8 == 0), 0: the scalar loops.
+// DSPARK_CPU_SIMD=0 forces the scalar loops, DSPARK_CPU_SIMD=avx2 the AVX2 ones on an AVX-512 CPU.
+int simd_level(int64_t D) {
+#if defined(DSPARK_HAVE_AVX512_PATH)
+  const char* env = std::getenv("DSPARK_CPU_SIMD");
+  if (env != nullptr && env[0] == '0') return 0;
+  const bool avx2_only = env != nullptr && std::strcmp(env, "avx2") == 0;
+  if (!avx2_only && D % 16 == 0 && avx512::available()) return 2;
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (D % 8 == 0 && avx2) return 1;
+#endif
+  (void)D;
+  return 0;
+}
 
 // fp32 dot product with 16 independent partial sums (vectorises without reassociation flags).
 inline float dot16(const float* a, const float* b, int64_t n) {
@@ -91,7 +184,7 @@ struct Item {
 template <typename T>
 void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, const int32_t* qo,
                  const int32_t* kvp, const int32_t* idx, const int32_t* last, int64_t Hq, int64_t Hkv,
-                 int64_t D, int64_t ps, float scale, bool causal, bool simd) {
+                 int64_t D, int64_t ps, float scale, bool causal, int simd) {
   const int64_t G = Hq / Hkv;
   const int64_t n_q = qo[it.r + 1] - qo[it.r];
   const int64_t n_pages = kvp[it.r + 1] - kvp[it.r];
@@ -144,8 +237,10 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
         const float* qr = Q.data() + row * D;
         float mx = softmax_neg_inf();
 #if defined(DSPARK_HAVE_AVX512_PATH)
-        if (simd) {
+        if (simd == 2) {
           mx = scores_avx512(qr, krow, jn, D, scale, S.data());
+        } else if (simd == 1) {
+          mx = scores_avx2(qr, krow, jn, D, scale, S.data());
         } else
 #endif
         {
@@ -159,8 +254,10 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
         float* o = O.data() + row * D;
         float sum = 0.f;
 #if defined(DSPARK_HAVE_AVX512_PATH)
-        if (simd) {
+        if (simd == 2) {
           sum = accumulate_avx512(o, vrow, S.data(), jn, D, m_new, alpha);
+        } else if (simd == 1) {
+          sum = accumulate_avx2(o, vrow, S.data(), jn, D, m_new, alpha);
         } else
 #endif
         {
@@ -217,11 +314,7 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
     }
   }
   const float sc = static_cast<float>(scale);
-#if defined(DSPARK_HAVE_AVX512_PATH)
-  const bool simd = D % 16 == 0 && avx512::enabled();
-#else
-  const bool simd = false;
-#endif
+  const int simd = simd_level(D);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cpu", [&] {
         const scalar_t* qp = qc.data_ptr<scalar_t>();

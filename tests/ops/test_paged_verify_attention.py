@@ -67,19 +67,33 @@ CASES = [
 @pytest.mark.parametrize("name,n_q,n_kv,Hq,Hkv,D,ps", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("simd", ["on", "off"])
+@pytest.mark.parametrize("simd", ["on", "avx2", "off"])
 def test_matches_reference(name, n_q, n_kv, Hq, Hkv, D, ps, dtype, causal, simd, monkeypatch):
-    # "on": the AVX-512 scores / softmax / P·V when the CPU has it and D is a multiple of 16; "off": the scalar
-    # loops (DSPARK_CPU_SIMD=0). Both must meet the rule on their own: they round differently.
-    if simd == "off":
-        monkeypatch.setenv("DSPARK_CPU_SIMD", "0")
-    else:
+    # "on": the widest vector loops the CPU has (AVX-512 for D % 16 == 0, else AVX2 + FMA for D % 8 == 0);
+    # "avx2": the AVX2 loops even on an AVX-512 CPU (DSPARK_CPU_SIMD=avx2); "off": the scalar loops
+    # (DSPARK_CPU_SIMD=0). Each must meet the rule on its own: they round differently.
+    if simd == "on":
         monkeypatch.delenv("DSPARK_CPU_SIMD", raising=False)
+    else:
+        monkeypatch.setenv("DSPARK_CPU_SIMD", "0" if simd == "off" else "avx2")
     args = make_paged(n_q, n_kv, Hq, Hkv, D, ps, dtype, seed=hash(name) % 1000)
     scale = D**-0.5
     out = dspark.ops.paged_verify_attention(*args, scale, causal)
     assert out.shape == args[0].shape and out.dtype == dtype
     assert_fa_rule(out, args, scale, causal, FLOOR[dtype])
+
+
+@pytest.mark.parametrize("simd", ["on", "avx2", "off"])
+def test_the_rule_sees_one_wrong_output(simd, monkeypatch):
+    # negative control: the rule above is tight enough to catch one output element off by 1e-4
+    if simd != "on":
+        monkeypatch.setenv("DSPARK_CPU_SIMD", "0" if simd == "off" else "avx2")
+    args = make_paged([3, 1], [40, 9], 4, 2, 64, 16, torch.float32, seed=3)
+    out = dspark.ops.paged_verify_attention(*args, 0.125, True)
+    assert_fa_rule(out, args, 0.125, True, FLOOR[torch.float32])
+    out[2, 1, 7] += 1e-4
+    with pytest.raises(AssertionError, match="op error"):
+        assert_fa_rule(out, args, 0.125, True, FLOOR[torch.float32])
 
 
 def test_bottom_right_causal_alignment_explicitly():
