@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "dspark/kernels/warp_reduce.cuh"
 #include "dspark/survival.h"
 
 namespace dspark::kernels {
@@ -52,12 +53,6 @@ __device__ __forceinline__ float LaneDot(const DType* __restrict__ x, const floa
   }
   for (int64_t i = i0 + lane; i < n; i += 32) acc += static_cast<float>(x[i]) * w[i];
   return acc;
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
-  return v;
 }
 
 // grid: R blocks; block: 32 * warps threads; dynamic shared memory: gamma floats when use_smem.

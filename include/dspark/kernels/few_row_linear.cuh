@@ -12,17 +12,13 @@
 
 #include <cstdint>
 
+#include "dspark/kernels/warp_reduce.cuh"
+
 namespace dspark::kernels {
 
 constexpr int kFewRowTile = 8;   // rows of x per pass over a weight row (accumulators per lane)
 constexpr int kFewRowWarps = 8;  // warps per block
 constexpr int64_t kFewRowMaxBlocks = int64_t{1} << 16;
-
-__device__ __forceinline__ float FewRowWarpSum(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
-  return v;
-}
 
 // grid: min(ceil(N / kFewRowWarps), kFewRowMaxBlocks) blocks of 32 * kFewRowWarps threads.
 // x [M, K] f32, w [N, K] f32, b [N] f32 or null -> y [M, N] f32 (all contiguous; 16-byte aligned when kVec4)
@@ -68,7 +64,7 @@ __global__ void FewRowLinearKernel(const float* __restrict__ x, const float* __r
       }
 #pragma unroll
       for (int r = 0; r < kFewRowTile; ++r) {
-        const float s = FewRowWarpSum(acc[r]);  // every lane holds the sum
+        const float s = WarpSum(acc[r]);  // every lane holds the sum
         if (lane == r && r < rows) y[(m0 + r) * N + n] = b == nullptr ? s : s + b[n];
       }
     }

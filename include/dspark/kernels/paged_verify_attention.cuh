@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "dspark/kernels/warp_reduce.cuh"
 #include "dspark/online_softmax.h"
 
 namespace dspark::kernels {
@@ -26,17 +27,6 @@ constexpr int kPvaRowsPerWarp = 8;
 constexpr int kPvaRowsPerTile = kPvaWarps * kPvaRowsPerWarp;
 constexpr int kPvaKeyTile = 32;
 constexpr int kPvaGenericMaxD = 256;
-
-__device__ __forceinline__ float PvaWarpMax(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
-  return v;
-}
-__device__ __forceinline__ float PvaWarpSum(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
-  return v;
-}
 
 struct PvaIndex {
   const int32_t* qo_indptr;         // [R + 1]
@@ -139,10 +129,10 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
           for (int d = 0; d < D; ++d) dot = fmaf(qr[d], kr[d], dot);
           s = dot * ix.scale;
         }
-        const float m_new = fmaxf(m[rr], PvaWarpMax(s));
+        const float m_new = fmaxf(m[rr], WarpMax(s));
         const float alpha = softmax_rescale(m[rr], m_new);
         const float p = softmax_weight(s, m_new);
-        l[rr] = l[rr] * alpha + PvaWarpSum(p);
+        l[rr] = l[rr] * alpha + WarpSum(p);
         m[rr] = m_new;
 #pragma unroll
         for (int c = 0; c < kCols; ++c) acc[rr][c] *= alpha;
@@ -239,7 +229,7 @@ __global__ void PvaGenericKernel(const DType* __restrict__ q, const DType* __res
       const int d = lane + 32 * c;
       if (d < D) part = fmaf(qv[c], static_cast<float>(kc[base + d]), part);
     }
-    const float s = PvaWarpSum(part) * ix.scale;
+    const float s = WarpSum(part) * ix.scale;
     const float m_new = fmaxf(m, s);
     const float alpha = softmax_rescale(m, m_new), p = softmax_weight(s, m_new);
     l = l * alpha + p;
