@@ -12,6 +12,7 @@ of the hybrid's tokens that came from lookup drafts.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -61,6 +62,21 @@ def fast_drafter_dtype(target_dtype: torch.dtype) -> torch.dtype:
     if amx or (avx_bf16 and not _fp32_few_row_op()):
         return torch.bfloat16
     return target_dtype
+
+
+def _say_if_profiled_elsewhere(path) -> None:
+    """One line when the bundled cost table was profiled on another machine, with the demo's remedy."""
+    if path is None:
+        return
+    from dspark.decoding.machine import profiled_elsewhere
+    from dspark.profiling import load
+
+    elsewhere = profiled_elsewhere(getattr(load(path), "metadata", {}), torch.device("cpu"))
+    if elsewhere:
+        print(
+            f"note: the bundled cost table was profiled {elsewhere}; `dspark demo --costs auto` profiles this "
+            "machine once (about a minute) and caches it"
+        )
 
 
 def _fp32_few_row_op() -> bool:
@@ -133,15 +149,20 @@ def run_demo(
         print(f"cost table of this machine: {sps.metadata['cache_path']}")
     else:
         sps = str(bundle.sps) if bundle.sps else None
+        _say_if_profiled_elsewhere(bundle.sps)
     settings = dict(
         planner=planner,
         sps_table=sps,
         sts=str(bundle.sts_for(0.0)) if bundle.sts_for(0.0) else None,  # the demo decodes greedily
         tokenizer=tok,
     )
-    dec = DSparkDecoder(target, drafter, **settings)
     prior = bundle.lookup_prior
-    hyb = DSparkDecoder(target, drafter, lookup=True, lookup_prior=str(prior) if prior else None, **settings)
+    with warnings.catch_warnings():  # said once above, with the demo's own remedy
+        warnings.filterwarnings("ignore", message="sps_table: the cost table was profiled")
+        dec = DSparkDecoder(target, drafter, **settings)
+        hyb = DSparkDecoder(
+            target, drafter, lookup=True, lookup_prior=str(prior) if prior else None, **settings
+        )
     rows = []
     try:
         dec.generate([warm], max_new_tokens=4)

@@ -126,13 +126,20 @@ def family_config(doc: dict, where: str) -> dict:
 
 
 def read_family_tensors(root: Path) -> dict[str, Tensor]:
-    """The weights, with the heads' older ``logit_head.`` nesting removed."""
+    """The weights, with the heads' older ``logit_head.`` nesting removed.
+
+    Where a file holds both names (SpecForge's ``export_to_hf`` writes the model's tensors and then the
+    checkpoint's own keys, so a nested checkpoint exports both), the un-nested one wins, as in SpecForge's
+    ``normalize_draft_head_checkpoint_keys`` (specforge 0.2.0 modeling/draft/dflash.py:329), whatever the order.
+    """
     out: dict[str, Tensor] = {}
+    nested: dict[str, Tensor] = {}
     for name, t in ckpt.read_tensors(root).items():
+        short = name
         for pre in HEAD_PREFIXES:
-            name = name.removeprefix(pre)
-        out[name] = t
-    return out
+            short = short.removeprefix(pre)
+        (out if short == name else nested)[short] = t
+    return {**nested, **out}
 
 
 def read(path: str | os.PathLike) -> Packaged:

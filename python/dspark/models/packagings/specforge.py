@@ -80,8 +80,6 @@ def write(path: str | os.PathLike, p: Packaged) -> None:
             "format='specforge': SpecForge's layout has no draft vocabulary (no d2t / reduced LM head); "
             "clear it (drafter.set_draft_vocab(None)) or save with format='speculators'"
         )
-    if cfg.enable_confidence_head and cfg.confidence_head_with_markov and not cfg.has_markov:
-        raise ValueError("format='specforge': confidence_head_with_markov needs markov_rank > 0")
     heads = cfg.has_markov or cfg.enable_confidence_head
     method = {
         "projector_type": "dspark" if heads else "dflash",
@@ -94,6 +92,8 @@ def write(path: str | os.PathLike, p: Packaged) -> None:
             markov_rank=cfg.markov_rank,
             markov_head_type=cfg.markov_head_type,
             enable_confidence_head=cfg.enable_confidence_head,
+            # without a Markov head dspark's confidence input has no Markov part (confidence_input_rank 0) and
+            # SpecForge refuses true there (specforge 0.2.0 modeling/draft/dspark.py:354): write false
             confidence_head_with_markov=cfg.confidence_head_with_markov and cfg.has_markov,
             confidence_head_alpha=1.0 if cfg.enable_confidence_head else 0.0,
         )
