@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from specforge_check_helpers import sf_build, sf_classes, skip_reason, specforge_to_dspark  # noqa: E402
-from speculators_check_common import RESULTS, check, expect, raiser, tensors  # noqa: E402
+from speculators_check_common import RESULTS, check, edited, expect, raiser, tensors  # noqa: E402
 
 from dspark import DSparkDrafter  # noqa: E402
 from tests.decoding.toy_models import random_drafter  # noqa: E402
@@ -139,15 +139,6 @@ def check_dspark_written(name: str, d: DSparkDrafter, out: Path) -> None:
     check(f"[{name}] model.safetensors vs SpecForge state_dict: names, shapes", keys)
     check(f"[{name}] load_state_dict(strict=True), values bit for bit", strict)
     check(f"[{name}] AutoDraftModel.from_pretrained bit for bit", loaded)
-
-
-def edited(d: DSparkDrafter, target, folder: Path, **fields) -> DSparkDrafter:
-    """``d`` with DeepSpec-layout config fields changed (what ``from_config`` has no option for)."""
-    d.save_pretrained(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(fields)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return DSparkDrafter.from_pretrained(folder, target=target)
 
 
 def dspark_to_specforge(target, out: Path) -> None:

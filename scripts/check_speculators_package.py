@@ -38,6 +38,7 @@ from speculators_check_common import (  # noqa: E402  (puts the repository on sy
     IDS,
     RESULTS,
     check,
+    edited,
     expect,
     raiser,
     spec_classes,
@@ -181,15 +182,6 @@ def check_dspark_written(name: str, d: DSparkDrafter, target, verifier: Path, ou
     check(f"[{name}] model.safetensors vs model state_dict: names, shapes", keys)
     check(f"[{name}] load_state_dict(strict=True) (verifier-owned keys from the model) and values", strict)
     check(f"[{name}] SpeculatorModel.from_pretrained (local verifier) bit for bit", loaded)
-
-
-def edited(d: DSparkDrafter, target, folder: Path, **fields) -> DSparkDrafter:
-    """``d`` with DeepSpec-layout config fields changed (what ``from_config`` has no option for)."""
-    d.save_pretrained(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(fields)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return DSparkDrafter.from_pretrained(folder, target=target)
 
 
 def dspark_to_speculators(targets: dict, verifiers: dict, out: Path) -> None:

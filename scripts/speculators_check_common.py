@@ -77,3 +77,17 @@ def spec_classes():
             "dflash": (DFlashSpeculatorConfig, DFlashDraftModel),
         },
     )
+
+
+def edited(d, target, folder: Path, **fields):
+    """The drafter ``d`` with DeepSpec-layout config fields changed (what ``from_config`` has no option for),
+    saved to ``folder`` and loaded again for ``target``."""
+    import json
+
+    from dspark import DSparkDrafter
+
+    d.save_pretrained(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(fields)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return DSparkDrafter.from_pretrained(folder, target=target)
