@@ -8,7 +8,8 @@
 // in fp32 (include/dspark/ online_softmax.h); the output is rounded to the input dtype once at the end. On a
 // CPU with AVX-512 (unless DSPARK_CPU_SIMD=0) and D a multiple of 16, the scores, the softmax weights and the
 // P·V update of a row run on 16 lanes (3x the scalar loops at 8 decode requests, docs/benchmarks.md); with
-// AVX2 + FMA (or DSPARK_CPU_SIMD=avx2) and D a multiple of 8, the scores and the P·V update run on 8 lanes.
+// AVX2 + FMA (or DSPARK_CPU_SIMD=avx2) and D a multiple of 8, the scores, the weights and the P·V update run
+// on 8 lanes.
 #include "checks/paged_verify_attention.h"
 
 #include <ATen/Dispatch.h>
@@ -81,6 +82,31 @@ DSPARK_AVX2 inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
+// exp_exact (include/dspark/sampling.h) on 8 lanes, branch for branch as blends, like avx512::exp16.
+DSPARK_AVX2 inline __m256 exp8(__m256 x) {
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269502f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145752f))),
+                                 _mm256_mul_ps(n, _mm256_set1_ps(1.42860677e-06f)));
+  __m256 p = _mm256_set1_ps(1.98412698e-04f);
+  for (const float c : {1.38888889e-03f, 8.33333377e-03f, 4.16666679e-02f, 1.66666672e-01f, 0.5f, 1.0f, 1.0f})
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+  // in range n is integral and small; out-of-range lanes are replaced below, whatever they computed
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i big = _mm256_cmpgt_epi32(ni, _mm256_set1_epi32(127));
+  const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(-126), ni);
+  __m256i sh = _mm256_sub_epi32(ni, _mm256_and_si256(big, _mm256_set1_epi32(1)));
+  sh = _mm256_add_epi32(sh, _mm256_and_si256(small, _mm256_set1_epi32(64)));
+  const __m256 scale =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(sh, _mm256_set1_epi32(127)), 23));
+  __m256 y = _mm256_mul_ps(p, scale);
+  y = _mm256_blendv_ps(y, _mm256_mul_ps(y, _mm256_set1_ps(2.0f)), _mm256_castsi256_ps(big));
+  y = _mm256_blendv_ps(y, _mm256_mul_ps(y, _mm256_set1_ps(5.42101086e-20f)), _mm256_castsi256_ps(small));
+  const __m256 huge = _mm256_cmp_ps(x, _mm256_set1_ps(88.8f), _CMP_GT_OQ);
+  y = _mm256_blendv_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32(0x7F800000)), huge);
+  return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_GT_OQ));  // also -inf and NaN: 0
+}
+
 // One key's score on 8 lanes: q . k over D (a multiple of 8) in one fma chain, times scale.
 DSPARK_AVX2 inline float score8(const float* q, const float* k, int64_t D, float scale) {
   __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
@@ -117,13 +143,22 @@ DSPARK_AVX2 float scores_avx2(const float* q, const float* const* krow, int64_t 
   return mx;
 }
 
-// accumulate_avx512 on 8 lanes (D a multiple of 8), with the scalar softmax weights. 64 columns of o at a
-// time stay in 8 registers over all keys (8 independent fma chains); each element's sum runs in key order,
-// as in the 8-column loop that takes the rest.
+// accumulate_avx512 on 8 lanes (D a multiple of 8): the softmax weights 8 keys at a time (exp8; a masked
+// score, -inf, gives 0 as in softmax_weight), then 64 columns of o at a time stay in 8 registers over all
+// keys (8 independent fma chains); each element's sum runs in key order, as in the 8-column loop that takes
+// the rest.
 DSPARK_AVX2 float accumulate_avx2(float* o, const float* const* vrow, float* S, int64_t nk, int64_t D,
                                   float m_new, float alpha) {
-  float sum = 0.f;
-  for (int64_t j = 0; j < nk; ++j) {
+  const __m256 mv = _mm256_set1_ps(m_new);
+  __m256 lanes = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= nk; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(S + j), mv));
+    _mm256_storeu_ps(S + j, p);
+    lanes = _mm256_add_ps(lanes, p);
+  }
+  float sum = hsum8(lanes);
+  for (; j < nk; ++j) {
     S[j] = softmax_weight(S[j], m_new);
     sum += S[j];
   }
