@@ -64,14 +64,11 @@ def fast_drafter_dtype(target_dtype: torch.dtype) -> torch.dtype:
     return target_dtype
 
 
-def _say_if_profiled_elsewhere(path) -> None:
+def _say_if_profiled_elsewhere(table) -> None:
     """One line when the bundled cost table was profiled on another machine, with the demo's remedy."""
-    if path is None:
-        return
     from dspark.decoding.machine import profiled_elsewhere
-    from dspark.profiling import load
 
-    elsewhere = profiled_elsewhere(getattr(load(path), "metadata", {}), torch.device("cpu"))
+    elsewhere = profiled_elsewhere(getattr(table, "metadata", {}), torch.device("cpu"))
     if elsewhere:
         print(
             f"note: the bundled cost table was profiled {elsewhere}; `dspark demo --costs auto` profiles this "
@@ -148,8 +145,11 @@ def run_demo(
         sps = local_cost_table(target, drafter)
         print(f"cost table of this machine: {sps.metadata['cache_path']}")
     else:
-        sps = str(bundle.sps) if bundle.sps else None
-        _say_if_profiled_elsewhere(bundle.sps)
+        from dspark.profiling import load
+
+        sps = load(bundle.sps) if bundle.sps else None  # read once: checked here, priced by both decoders
+        if sps is not None:
+            _say_if_profiled_elsewhere(sps)
     settings = dict(
         planner=planner,
         sps_table=sps,

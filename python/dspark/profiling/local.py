@@ -65,7 +65,7 @@ def cache_key(
             "dtype": str(param.dtype).removeprefix("torch."),
         },
         "drafter": None,
-        "batch_sizes": [int(r) for r in batch_sizes],
+        "batch_sizes": sorted({int(r) for r in batch_sizes}),  # the profiler's grid: order and repeats moot
         "context_length": int(context_length),
     }
     if drafter is not None:
@@ -160,7 +160,7 @@ def local_cost_table(
     table = profile_costs(
         target,
         drafter,
-        sorted(sizes),
+        sizes,
         context_length=int(context_length),
         progress=progress,
         **profile_kwargs,
