@@ -33,7 +33,7 @@ def cpu_path(request, monkeypatch):
 
 # rows across the 4-row (AVX-512) / 2-row (AVX2) tiles, outputs across the 4-output blocks and their
 # remainder, columns across the 16 / 8-lane vectors and their masked / scalar tails
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 13, 32])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 13, 32, 48, 64])
 @pytest.mark.parametrize("N,K", [(4, 16), (7, 9), (130, 64), (97, 577), (256, 1536)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_reference(cpu_path, M, N, K, bias):
