@@ -32,7 +32,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     ws = [w.to(dev) for w in weights(4 if args.quick else 30, g)]
     budget = 0.3 if args.quick else 2.0
-    row_counts = [1, 4, 8] if args.quick else [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]
+    row_counts = [1, 4, 8] if args.quick else [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
     # models route only CPU linears to the op
     by_default = dev == "cpu" and cpu_linear.default_max_rows() == 0 and cpu_linear._simd_x86()
     rows = []

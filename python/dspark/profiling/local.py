@@ -15,6 +15,7 @@ half-written.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dspark import _C
 from dspark._version import __version__
 from dspark.decoding.machine import machine_name
 from dspark.decoding.tables import CostTable
@@ -46,12 +48,24 @@ def cache_dir() -> Path:
     return Path(base) / "dspark" / "costs"
 
 
+@functools.cache
+def kernels_digest() -> str:
+    """The compiled extension's identity (sha256 of its library file): a build from other sources prices the
+    same version's rounds differently."""
+    digest = hashlib.sha256()
+    with open(_C.__file__, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
 def cache_key(
     target: nn.Module, drafter: nn.Module | None, batch_sizes: Sequence[int], context_length: int
 ) -> dict:
     """What a profile's times depend on: the machine (name with family and ISA, or the GPU), torch's CPU
-    threads, the torch and dspark versions, the target's and the drafter's shapes and dtypes (not their weight
-    values: a retrained drafter of the same shape costs the same), and the profile's settings."""
+    threads, the torch and dspark versions and the compiled kernels, the target's and the drafter's shapes and
+    dtypes (not their weight values: a retrained drafter of the same shape costs the same), and the profile's
+    settings."""
     param = next(target.parameters())
     device = param.device
     key = {
@@ -59,6 +73,7 @@ def cache_key(
         "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "torch": torch.__version__,
         "dspark": __version__,
+        "kernels": kernels_digest(),
         "target": {
             "class": type(target).__name__,
             "config": json.loads(target.config.to_json_string()),
