@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU few_row_linear: y = x · wᵀ (+ b) for a few rows of x, reading the weight once from memory.
 //
-// A decode or verify step multiplies 1–32 rows by every weight of the model; the weights are far larger than
-// the caches, so the step is bound by reading them. BLAS GEMMs re-pack the weight per call and their few-row
-// kernels grow with the rows (MKL fp32 on a 2-thread Xeon: 2.2x the 1-row time at 4 rows). Here each thread
-// owns a slice of the weight's rows: a block of w rows (4 with AVX-512, 3 with AVX2) stays in L1 while every
-// tile of up to 4 rows of x is multiplied against it and the next block is prefetched, so w streams from
-// memory once whatever the row count, its reads overlapping the FMAs.
-// Sums are fp32 with fused multiply-adds in a fixed order per (row, output): equal to F.linear to float
-// rounding, and the same for any thread count (threads split the outputs, not the sums).
+// A decode or verify step multiplies 1–64 rows by every weight of the model; the weights are far larger than
+// the caches, so a step of few rows is bound by reading them. BLAS GEMMs re-pack the weight per call and
+// their few-row kernels grow with the rows (MKL fp32 on a 2-thread Xeon: 2.2x the 1-row time at 4 rows). Here
+// each thread owns a slice of the weight's rows: a block of w rows (4 with AVX-512, 3 with AVX2) stays in L1
+// while every tile of up to 4 rows of x is multiplied against it and the next block is prefetched, so w
+// streams from memory once whatever the row count, its reads overlapping the FMAs. Sums are fp32 with fused
+// multiply-adds in a fixed order per (row, output): equal to F.linear to float rounding, and the same for any
+// thread count (threads split the outputs, not the sums).
 #include "checks/few_row_linear.h"
 
 #include <ATen/Parallel.h>
@@ -161,9 +161,9 @@ DSPARK_TARGET_AVX512 void outputs_avx512(const float* x, const float* w, const f
 
 // AVX2: 8 lanes, 16 registers: 3 outputs × 4 rows of accumulators, the 3 weight vectors and one x vector.
 // Each x vector feeds 3 FMAs and each weight vector 4: 7 loads per 12 FMAs. (A 4 × 2 tile needs 6 loads per 8
-// FMAs and has only the 8 independent sums two FMA units of latency 4 need: it ran at 0.55-0.8x this tile's
-// speed at 8-32 rows on a Zen 3.) Any tile gives each (row, output) the same sum in the same order.
-// The K tail goes through a scalar loop.
+// FMAs and has only the 8 independent sums two FMA units of latency 4 need: on a Zen 3 it ran at 0.73-0.95x
+// this tile's speed at 8-32 rows, cold weights.) Any tile gives each (row, output) the same sum in the same
+// order. The K tail goes through a scalar loop.
 DSPARK_TARGET_AVX2 inline float hsum8(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   __m128 s = _mm_add_ps(lo, hi);
