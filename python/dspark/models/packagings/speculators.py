@@ -13,6 +13,7 @@ reduced vocabulary ``lm_head.weight`` / ``markov_head.markov_w2.weight`` of ``dr
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -39,6 +40,8 @@ from dspark.models.packagings.base import (
 NAME = "speculators"
 MODEL_TYPES = ("dflash", "dspark")
 ARCHITECTURES = {"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator"}
+# the Markov heads vLLM's Qwen3 DSpark draft model builds (vLLM 0.34.0 qwen3_dspark.py: markov_w1 / markov_w2 only)
+VLLM_MARKOV_HEADS = ("vanilla",)
 
 
 def matches(doc: dict) -> bool:
@@ -220,7 +223,11 @@ def write(path: str | os.PathLike, p: Packaged, *, verifier: str | None = None) 
         "block_size": cfg.block_slots,
         "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
         "mask_token_id": cfg.mask_token_id,
-        "sliding_window_non_causal": False,
+        # dspark's block attends bidirectionally. speculators 0.9.0 reads this for sliding-window layers only
+        # (dspark has none); vLLM 0.34.0 turns it into dflash_config.causal = not it for every layer of a
+        # "dflash" drafter (algos.py update_dflash, qwen3_dflash.py _dflash_layer_causal): false would run the
+        # draft block causally there
+        "sliding_window_non_causal": True,
         "sample_from_anchor": cfg.sample_from_anchor,
         "speculators_config": {
             "algorithm": mtype,
@@ -229,6 +236,13 @@ def write(path: str | os.PathLike, p: Packaged, *, verifier: str | None = None) 
             "verifier": {"name_or_path": name, "architectures": verifier_architectures(name)},
         },
     }
+    if cfg.has_markov and cfg.markov_head_type not in VLLM_MARKOV_HEADS:
+        warnings.warn(
+            f"format='speculators': markov_head_type {cfg.markov_head_type!r} is read by speculators but vLLM "
+            f"0.34.0's Qwen3DSparkForCausalLM builds only {list(VLLM_MARKOV_HEADS)} Markov heads: its loader "
+            "refuses this checkpoint (no parameter for the head's extra tensors)",
+            stacklevel=2,
+        )
     if mtype == "dspark":
         doc.update(
             markov_rank=cfg.markov_rank,
