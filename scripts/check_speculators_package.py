@@ -40,9 +40,11 @@ from speculators_check_common import (  # noqa: E402  (puts the repository on sy
     check,
     edited,
     expect,
+    fresh_drafter,
     raiser,
     spec_classes,
     tensors,
+    with_draft_vocab,
 )
 from speculators_check_reverse import check_defaults, speculators_to_dspark  # noqa: E402
 
@@ -187,39 +189,47 @@ def check_dspark_written(name: str, d: DSparkDrafter, target, verifier: Path, ou
 def dspark_to_speculators(targets: dict, verifiers: dict, out: Path) -> None:
     qwen, llama = targets["qwen3"], targets["llama"]
 
-    def fresh(t, **kw):
-        kw = {"block_size": 4, "num_layers": 2, "target_layer_ids": [0, 1, 2], "initializer_range": 0.2, **kw}
-        return DSparkDrafter.from_config(t, **kw).eval()
-
     torch.manual_seed(0)
     cases: list[tuple[str, str, Callable[[], DSparkDrafter]]] = [
         ("ds-vanilla-conf-full", "qwen3", lambda: random_drafter(qwen, block_size=4, markov_rank=8)),
-        ("ds-gated-vocab-llama", "llama", lambda: vocab(random_drafter(llama, markov_rank=8, head="gated"))),
+        (
+            "ds-gated-vocab-llama",
+            "llama",
+            lambda: with_draft_vocab(random_drafter(llama, markov_rank=8, head="gated")),
+        ),
         (
             "ds-rnn-conf-nomarkovfeat-vocab",
             "qwen3",
-            lambda: vocab(
-                fresh(qwen, markov_rank=8, markov_head_type="rnn", confidence_head_with_markov=False)
+            lambda: with_draft_vocab(
+                fresh_drafter(qwen, markov_rank=8, markov_head_type="rnn", confidence_head_with_markov=False)
             ),
         ),
-        ("ds-conf-only-markov0", "qwen3", lambda: fresh(qwen, markov_rank=0, enable_confidence_head=True)),
-        ("ds-headless-anchor", "llama", lambda: fresh(llama, markov_rank=0)),
+        (
+            "ds-conf-only-markov0",
+            "qwen3",
+            lambda: fresh_drafter(qwen, markov_rank=0, enable_confidence_head=True),
+        ),
+        ("ds-headless-anchor", "llama", lambda: fresh_drafter(llama, markov_rank=0)),
         (
             "ds-dflash-layout",
             "qwen3",
-            lambda: edited(fresh(qwen, markov_rank=0), qwen, out / "src-dflash", sample_from_anchor=False),
+            lambda: edited(
+                fresh_drafter(qwen, markov_rank=0), qwen, out / "src-dflash", sample_from_anchor=False
+            ),
         ),
         (
             "ds-vanilla-noanchor-vocab",
             "llama",
-            lambda: vocab(
-                edited(fresh(llama, markov_rank=8), llama, out / "src-noanchor", sample_from_anchor=False)
+            lambda: with_draft_vocab(
+                edited(
+                    fresh_drafter(llama, markov_rank=8), llama, out / "src-noanchor", sample_from_anchor=False
+                )
             ),
         ),
         (
             "ds-bf16-own-embeddings",
             "qwen3",
-            lambda: fresh(qwen, markov_rank=8, dtype=torch.bfloat16, share_embeddings=False),
+            lambda: fresh_drafter(qwen, markov_rank=8, dtype=torch.bfloat16, share_embeddings=False),
         ),
     ]
     for name, family, make in cases:
@@ -229,11 +239,6 @@ def dspark_to_speculators(targets: dict, verifiers: dict, out: Path) -> None:
             check(f"[{name}] build the dspark drafter", raiser(e))
             continue
         check_dspark_written(name, d, targets[family], verifiers[family], out)
-
-
-def vocab(d: DSparkDrafter) -> DSparkDrafter:
-    d.set_draft_vocab(IDS)
-    return d
 
 
 def main() -> int:

@@ -52,13 +52,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vllm_check_helpers as vh  # noqa: E402  (sets VLLM_TARGET_DEVICE before vLLM is imported)
 from speculators_check_common import (  # noqa: E402  (puts the repository on sys.path first)
-    IDS,
     RESULTS,
     check,
     edited,
     expect,
+    fresh_drafter,
     raiser,
     tensors,
+    with_draft_vocab,
 )
 
 from dspark import DSparkDrafter  # noqa: E402
@@ -287,53 +288,58 @@ def negative_controls(d: DSparkDrafter, target_dir: Path, out: Path) -> None:
     check("[negative control] a tensor missing from the file is caught", missing)
 
 
-def vocab(d: DSparkDrafter) -> DSparkDrafter:
-    d.set_draft_vocab(IDS)
-    return d
-
-
 def run_cases(targets: dict, target_dirs: dict, out: Path) -> None:
     qwen, llama = targets["qwen3"], targets["llama"]
-
-    def fresh(t, **kw):
-        kw = {"block_size": 4, "num_layers": 2, "target_layer_ids": [0, 1, 2], "initializer_range": 0.2, **kw}
-        return DSparkDrafter.from_config(t, **kw).eval()
 
     torch.manual_seed(0)
     cases: list[tuple[str, str, Callable[[], DSparkDrafter]]] = [
         ("ds-vanilla-conf-full", "qwen3", lambda: random_drafter(qwen, block_size=4, markov_rank=8)),
-        ("ds-vanilla-conf-vocab-llama", "llama", lambda: vocab(random_drafter(llama, markov_rank=8))),
+        (
+            "ds-vanilla-conf-vocab-llama",
+            "llama",
+            lambda: with_draft_vocab(random_drafter(llama, markov_rank=8)),
+        ),
         (
             "ds-vanilla-conf-nomarkovfeat-vocab",
             "qwen3",
-            lambda: vocab(fresh(qwen, markov_rank=8, confidence_head_with_markov=False)),
+            lambda: with_draft_vocab(fresh_drafter(qwen, markov_rank=8, confidence_head_with_markov=False)),
         ),
-        ("ds-markov-only", "qwen3", lambda: fresh(qwen, markov_rank=8, enable_confidence_head=False)),
-        ("ds-conf-only-markov0", "qwen3", lambda: fresh(qwen, markov_rank=0, enable_confidence_head=True)),
-        ("ds-headless-anchor", "llama", lambda: fresh(llama, markov_rank=0)),
+        ("ds-markov-only", "qwen3", lambda: fresh_drafter(qwen, markov_rank=8, enable_confidence_head=False)),
+        (
+            "ds-conf-only-markov0",
+            "qwen3",
+            lambda: fresh_drafter(qwen, markov_rank=0, enable_confidence_head=True),
+        ),
+        ("ds-headless-anchor", "llama", lambda: fresh_drafter(llama, markov_rank=0)),
         (
             "ds-dflash-layout",
             "qwen3",
-            lambda: edited(fresh(qwen, markov_rank=0), qwen, out / "src-dflash", sample_from_anchor=False),
+            lambda: edited(
+                fresh_drafter(qwen, markov_rank=0), qwen, out / "src-dflash", sample_from_anchor=False
+            ),
         ),
         (
             "ds-dflash-layout-vocab",
             "llama",
-            lambda: vocab(
-                edited(fresh(llama, markov_rank=0), llama, out / "src-dflash-v", sample_from_anchor=False)
+            lambda: with_draft_vocab(
+                edited(
+                    fresh_drafter(llama, markov_rank=0), llama, out / "src-dflash-v", sample_from_anchor=False
+                )
             ),
         ),
         (
             "ds-vanilla-noanchor-vocab",
             "llama",
-            lambda: vocab(
-                edited(fresh(llama, markov_rank=8), llama, out / "src-noanchor", sample_from_anchor=False)
+            lambda: with_draft_vocab(
+                edited(
+                    fresh_drafter(llama, markov_rank=8), llama, out / "src-noanchor", sample_from_anchor=False
+                )
             ),
         ),
         (
             "ds-bf16-own-embeddings",
             "qwen3",
-            lambda: fresh(qwen, markov_rank=8, dtype=torch.bfloat16, share_embeddings=False),
+            lambda: fresh_drafter(qwen, markov_rank=8, dtype=torch.bfloat16, share_embeddings=False),
         ),
     ]
     for name, family, make in cases:

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared helpers of ``check_speculators_package.py``: the PASS / FAIL bookkeeping, tensor reading, the tiny
-draft vocabulary and the speculators classes (imported on demand)."""
+"""Shared helpers of ``check_speculators_package.py`` and ``check_vllm_package.py``: the PASS / FAIL
+bookkeeping, tensor reading, the tiny draft vocabulary, the drafters they write and the speculators classes
+(imported on demand)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,17 @@ def edited(d, target, folder: Path, **fields):
     cfg.update(fields)
     (folder / "config.json").write_text(json.dumps(cfg))
     return DSparkDrafter.from_pretrained(folder, target=target)
+
+
+def fresh_drafter(target, **kw):
+    """A new random drafter for ``target``: 4 block slots, 2 layers, taps 0-2 unless ``kw`` says otherwise."""
+    from dspark import DSparkDrafter
+
+    kw = {"block_size": 4, "num_layers": 2, "target_layer_ids": [0, 1, 2], "initializer_range": 0.2, **kw}
+    return DSparkDrafter.from_config(target, **kw).eval()
+
+
+def with_draft_vocab(d):
+    """``d`` with the tiny draft vocabulary :data:`IDS`."""
+    d.set_draft_vocab(IDS)
+    return d
