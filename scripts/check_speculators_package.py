@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speculators_check_common import (  # noqa: E402  (puts the repository on sys.path first)
     IDS,
     RESULTS,
+    built,
     check,
     edited,
     expect,
     fresh_drafter,
-    raiser,
     spec_classes,
     tensors,
     with_draft_vocab,
@@ -232,12 +232,7 @@ def dspark_to_speculators(targets: dict, verifiers: dict, out: Path) -> None:
             lambda: fresh_drafter(qwen, markov_rank=8, dtype=torch.bfloat16, share_embeddings=False),
         ),
     ]
-    for name, family, make in cases:
-        try:
-            d = make()
-        except Exception as e:
-            check(f"[{name}] build the dspark drafter", raiser(e))
-            continue
+    for name, family, d in built(cases):
         check_dspark_written(name, d, targets[family], verifiers[family], out)
 
 

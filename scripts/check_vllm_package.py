@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_check_helpers as vh  # noqa: E402  (sets VLLM_TARGET_DEVICE before vLLM is imported)
 from speculators_check_common import (  # noqa: E402  (puts the repository on sys.path first)
     RESULTS,
+    built,
     check,
     edited,
     expect,
@@ -342,12 +343,7 @@ def run_cases(targets: dict, target_dirs: dict, out: Path) -> None:
             lambda: fresh_drafter(qwen, markov_rank=8, dtype=torch.bfloat16, share_embeddings=False),
         ),
     ]
-    for name, family, make in cases:
-        try:
-            d = make()
-        except Exception as e:
-            check(f"[{name}] build the dspark drafter", raiser(e))
-            continue
+    for name, family, d in built(cases):
         check_case(name, d, target_dirs[family], out)
     for head in ("gated", "rnn"):
         try:

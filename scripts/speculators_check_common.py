@@ -106,3 +106,15 @@ def with_draft_vocab(d):
     """``d`` with the tiny draft vocabulary :data:`IDS`."""
     d.set_draft_vocab(IDS)
     return d
+
+
+def built(cases):
+    """``(name, family, drafter)`` of each ``(name, family, make)`` case whose ``make()`` builds; a case that
+    raises is one FAIL line, and the rest go on."""
+    for name, family, make in cases:
+        try:
+            d = make()
+        except Exception as e:
+            check(f"[{name}] build the dspark drafter", raiser(e))
+            continue
+        yield name, family, d
