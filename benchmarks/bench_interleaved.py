@@ -15,7 +15,8 @@ Methods (``--methods``): ``engine`` (no drafts), ``dspark`` (the drafter, ``earl
 decoding), ``hybrid`` (drafter + lookup); a ``+measured`` suffix adds ``measure_costs=True``, a ``+always``
 suffix runs the drafter in every round (the rule of docs/lookup.md "Whether the drafter runs" switched off, for
 an A/B of it), a ``+local`` suffix plans with this machine's cost table (``dspark.profiling.local_cost_table``:
-cached, or profiled before the first repeat) instead of ``--costs``. The drafter is the bundled one (its cost
+cached, or profiled before the first repeat) instead of ``--costs``, a ``+w<N>`` suffix caps lookup proposals at
+``N`` tokens (``LookupConfig(max_tokens=N)``; default 16). The drafter is the bundled one (its cost
 table, STS and lookup prior).
 """
 
@@ -37,6 +38,7 @@ from benchmarks.common import cpu_description  # noqa: E402
 from benchmarks.e2e.inputs import read_prompt_sets, resolve_drafter  # noqa: E402
 from benchmarks.e2e.runners import run_dspark  # noqa: E402
 from dspark.decoding.inputs import chat_token_ids  # noqa: E402
+from dspark.decoding.lookup import LookupConfig  # noqa: E402
 from dspark.demo import fast_drafter_dtype  # noqa: E402
 from dspark.models.loading import load_target  # noqa: E402
 
@@ -55,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS),
-        help="engine dspark lookup hybrid [+measured] [+always] [+local]",
+        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+w<N>]",
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument(
@@ -73,9 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="CI size: 2 prompts x 8 tokens, batch 2, 1 repeat")
     args = ap.parse_args(argv)
     for m in args.methods:
-        if m.split("+")[0] not in METHODS or not set(m.split("+")[1:]) <= {"measured", "always", "local"}:
+        options = {o for o in m.split("+")[1:] if not _width_option(o)}
+        if m.split("+")[0] not in METHODS or not options <= {"measured", "always", "local"}:
             ap.error(
-                f"--methods: {m!r} is not one of {METHODS} (optionally with +measured / +always / +local)"
+                f"--methods: {m!r} is not one of {METHODS} (optionally with +measured / +always / +local / "
+                "+w<N>, N >= 1)"
             )
     if "engine" not in args.methods:
         args.methods.insert(0, "engine")  # every ratio is to it
@@ -86,11 +90,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _width_option(option: str) -> int | None:
+    """N of a ``w<N>`` method option (N >= 1), else None."""
+    n = option[1:]
+    return int(n) if option.startswith("w") and n.isdigit() and int(n) >= 1 else None
+
+
 def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.Namespace):
     """One timed run (after a short warm-up) of method ``name`` on ``prompts``."""
     base, options = name.split("+")[0], set(name.split("+")[1:])
     drafter = bench["drafter"] if base in ("dspark", "hybrid") else None
-    lookup = base in ("lookup", "hybrid")
+    widths = [w for w in map(_width_option, options) if w is not None]
+    lookup = base in ("lookup", "hybrid") and (LookupConfig(max_tokens=widths[-1]) if widths else True)
     with contextlib.ExitStack() as stack:
         if "always" in options:  # the drafter runs whatever it is predicted to return
             stack.enter_context(mock.patch.object(round_module, "drafter_pays", lambda *a, **k: True))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from dspark import DSparkDecoder, DSparkDrafter
+from dspark.decoding.lookup import LookupConfig
 from dspark.decoding.stats import DSparkStats
 
 HF = "HF generate"
@@ -221,7 +222,7 @@ def run_dspark(
     warmup: bool = True,
     speculative: bool = True,
     linear_max_rows: int | None = None,
-    lookup: bool = False,
+    lookup: bool | LookupConfig = False,
     lookup_prior: Path | None = None,
     measure_costs: bool = False,
 ) -> Run:

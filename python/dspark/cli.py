@@ -88,7 +88,7 @@ def _generate(args: argparse.Namespace) -> int:
         )
         return 2
     # checked before the target loads (minutes for a large model)
-    lookup = LookupConfig(args.min_match, args.max_match) if args.lookup else False
+    lookup = LookupConfig(args.min_match, args.max_match, args.lookup_tokens) if args.lookup else False
     prior = args.lookup_prior
     if prior is None and args.lookup and args.drafter not in (None, "none", "random"):
         folder_prior = Path(args.drafter) / "lookup_prior.json"
@@ -231,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     g.add_argument("--min-match", type=int, default=2, help="--lookup: shortest suffix that may match")
     g.add_argument("--max-match", type=int, default=4, help="--lookup: longest suffix, tried first")
+    g.add_argument(
+        "--lookup-tokens",
+        type=int,
+        default=None,
+        help="--lookup: most tokens a lookup block holds (default 16; hybrid rounds: never fewer than the "
+        "drafter's block)",
+    )
     g.add_argument(
         "--lookup-prior",
         default=None,

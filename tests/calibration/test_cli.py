@@ -77,17 +77,18 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     assert data.num_samples == sts["num_samples"]
     assert set(data.request_ids.tolist()) == set(range(5))  # --skip 1 --limit 5 -> five prompts
 
-    # the lookup prior, counted on the prompts and outputs of the run: loadable, gamma 3, match lengths 0..4
+    # the lookup prior, counted on the prompts and outputs of the run: loadable, as wide as a hybrid decoder's
+    # lookup blocks (16 for γ = 3), match lengths 0..4
     assert str(out / "lookup_prior.json") in printed
     prior = json.loads((out / "lookup_prior.json").read_text())
-    assert (prior["format"], prior["kind"], prior["gamma"]) == ("dspark-acceptance", "lookup", 3)
+    assert (prior["format"], prior["kind"], prior["gamma"]) == ("dspark-acceptance", "lookup", 16)
     assert (prior["min_match"], prior["max_match"], prior["temperature"]) == (2, 4, 1.0)
     assert str(prompts) in prior["source"] and len(prior["trials"]) == 5
     # one proposal at least per prompt (its suffix "i+i=" occurred before), at most one per generated token
-    assert 5 <= sum(row[0] for row in prior["trials"]) <= 5 * 8 and prior["trials"][0] == [0, 0, 0]
+    assert 5 <= sum(row[0] for row in prior["trials"]) <= 5 * 8 and prior["trials"][0] == [0] * 16
     assert prior["trials"][4][0] >= 5
     table = AcceptanceTable.load(out / "lookup_prior.json")
-    assert table.to_dict() == prior and (table.num_classes, table.gamma) == (5, 3)
+    assert table.to_dict() == prior and (table.num_classes, table.gamma) == (5, 16)
 
     # refit from the saved rows: the same temperatures come back; saved rows carry no sequences
     out2 = tmp_path / "refit"

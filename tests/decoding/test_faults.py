@@ -228,7 +228,7 @@ def test_nan_in_a_committed_row_fails_naming_the_stage():
         (dict(max_new_tokens=3.0), "max_new_tokens: must be an integer"),
         (dict(eos_token_id=1.5), "eos_token_id: must be an integer"),
         (dict(stop=[""]), "stop: stop strings must be non-empty"),
-        (dict(prompts=[[1] * 507]), r"\(γ \+ 1\) exceed the target's context"),
+        (dict(prompts=[[1] * 507]), r"\(anchor \+ drafts\) exceed the target's context"),
     ],
 )
 def test_bad_arguments_fail_before_any_forward(kwargs, match):

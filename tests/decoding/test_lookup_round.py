@@ -30,7 +30,8 @@ from tests.decoding.test_decoder_sampling import (
 from tests.decoding.toy_models import markov_chain_target, markov_drafter, random_drafter, tiny_target
 
 PATTERN = [START, 0, 1, 3, START, 0, 1, 3, START]  # ends in START: the exact joint starts there
-CONFIG = LookupConfig(min_match=1, max_match=3)  # 4 tokens: a match at every round
+# 4 tokens: a match at every round; with a drafter of γ = 3 the lookup blocks are 16 wide (the default)
+CONFIG = LookupConfig(min_match=1, max_match=3)
 
 
 def confident_prior() -> dict:
@@ -106,8 +107,9 @@ def peeking_choice(engine, r):
     r.one_hot = use
     r.one_hot_host = None
     cap = round_mod.to_device([n + 1 for n in r.lookup.lengths], lk.device, torch.int32)
-    r.verify_cap = torch.where(use, cap, torch.full_like(cap, r.slots + 1))
-    r.draft_tokens = torch.where(use[:, None], lk, r.sample.tokens)
+    r.verify_cap = torch.where(use, cap, torch.full_like(cap, r.draft_slots + 1))
+    own = torch.nn.functional.pad(r.sample.tokens, (0, r.slots - r.draft_slots))  # lookup blocks are wider
+    r.draft_tokens = torch.where(use[:, None], lk, own)
 
 
 round_mod_choose = round_mod.choose_sources
@@ -252,3 +254,39 @@ def test_lookup_decoding_prices_rounds_without_the_drafter():
     finally:
         alone.close()
         hybrid.close()
+
+
+def test_lookup_blocks_may_be_wider_than_the_drafters():
+    target = tiny_target("llama", vocab=64)
+    drafter = random_drafter(target, block_size=4)
+    widths = {}
+    for name, kw in {
+        "default": {"lookup": True},
+        "capped below γ": {"lookup": LookupConfig(max_tokens=2)},
+        "no drafts": {"lookup": True, "block_size": 0},
+    }.items():
+        dec = DSparkDecoder(target, drafter, **kw)
+        widths[name] = (dec.gamma, dec.lookup_width, dec.round_width)
+        dec.close()
+    assert widths == {"default": (4, 16, 16), "capped below γ": (4, 4, 4), "no drafts": (0, 0, 0)}
+    alone = DSparkDecoder(target, None, lookup=LookupConfig(max_tokens=5))
+    assert (alone.gamma, alone.lookup_width) == (5, 5)
+    alone.close()
+    # a target whose greedy path cycles through 12 tokens: lookup blocks of 12 are right, and the hybrid verifies
+    # them past γ + 1 rows; greedy stays the target's own
+    table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0)) * 0.5
+    table[torch.arange(12), (torch.arange(12) + 1) % 12] += 5.0
+    cyclic = markov_chain_target(table)
+    prompt = list(range(12)) * 2
+    cyclic.generation_config.eos_token_id = None  # the cycle passes the config's EOS id
+    ref = cyclic.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[
+        0, len(prompt) :
+    ].tolist()
+    dec = DSparkDecoder(cyclic, random_drafter(cyclic, block_size=4), planner="full", lookup=True)
+    try:
+        out = dec.generate([prompt], max_new_tokens=40, eos_token_id=[])
+    finally:
+        dec.close()
+    assert out.sequences[0] == ref
+    longest = max(i for i, c in enumerate(out.stats.accepted_hist) if c)
+    assert len(out.stats.accepted_hist) == 17 and longest > 4  # accepted more drafts than γ = 4 allows

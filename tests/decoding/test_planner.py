@@ -120,3 +120,24 @@ def test_lagged_survival_across_rounds_of_different_widths():
     narrow = torch.full((2, 2), 0.5)
     torch.testing.assert_close(planner._lagged((9, 3), narrow), torch.full((2, 2), 0.5))
     planner.plan(narrow, [9, 3])  # a plan over the narrower width runs
+
+
+def test_a_cost_table_prices_blocks_wider_than_it_was_profiled_for():
+    # profiled to B = 4 at R = 1 (γ = 3): 10 ms + 2 ms a row; a 9-row block is priced per row past the table
+    from dspark.profiling import CostTable, VerifyCost
+
+    table = CostTable(
+        verify=tuple(VerifyCost(1, b, 10.0 + 2.0 * (b - 1)) for b in (1, 2, 3, 4)), draft=(), block_size=3
+    )
+    survival = torch.tensor([[0.95**j for j in range(1, 9)]])
+    planner = Planner("early_stop", table)
+    got = planner.plan(survival).verify_len
+    per_row = table.to_sps(1, max_tokens=9)
+    assert per_row.sample_batch_tokens[-1] == 9 and per_row.steps_per_sec(9) == pytest.approx(1000.0 / 26.0)
+    want, _ = plan_verify_ref(survival, *per_row.tensors())
+    assert torch.equal(got, want) and int(got[0]) == 9
+    # negative control: the profiled range alone prices 9 rows at 9 / 4 of the 4-row time, and stops short
+    short, _ = plan_verify_ref(survival, *table.to_sps(1).tensors())
+    assert int(short[0]) < 9
+    rates = planner.relative_rates(1, 8)
+    assert rates.shape == (9,) and float(rates[8]) == pytest.approx(10.0 / 26.0)

@@ -68,8 +68,20 @@ def test_curve_for_each_batch_size():
     # R = 3 and past the end are priced as the largest profiled R (2)
     assert TABLE.to_sps(3) == TABLE.to_sps(2) == TABLE.to_sps(9)
     assert TABLE.verify_ms(1, 3) == pytest.approx(14.0)
-    assert TABLE.verify_ms(2, 16) == pytest.approx(52.0)  # constant tokens/s past the last probe
+    # past the last probe each row costs what one cost over the upper half of the probes: (26 - 18) / (8 - 4)
+    assert TABLE.verify_ms(2, 16) == pytest.approx(26.0 + 2.0 * 8)
     assert TABLE.draft_ms(1) == 5.0 and TABLE.draft_ms(2) == 6.0 and TABLE.draft_ms(7) == 6.0
+
+
+def test_curve_reaches_wider_blocks_than_profiled():
+    # R = 1 was profiled to B = 4 (10, 12, 16 ms at B = 1, 2, 4): rows past it cost (16 - 12) / (4 - 2) each
+    wide = TABLE.to_sps(1, max_tokens=7)
+    assert wide.sample_batch_tokens == tuple(range(1, 8))
+    assert wide == SpsTable(tuple(range(1, 8)), rates([15, 17, 19, 21, 23, 25, 27]), 8)
+    assert TABLE.to_sps(1, max_tokens=3) == TABLE.to_sps(1)  # inside the range: the profiled curve
+    # one probe: no per-row cost is known, so the time grows in proportion
+    one = CostTable(verify=(VerifyCost(1, 4, 20.0),), draft=(), block_size=3)
+    assert one.verify_ms(1, 8) == pytest.approx(40.0)
 
 
 def test_one_dimensional_export_uses_the_fewest_requests_that_carry_b():

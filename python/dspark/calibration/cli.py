@@ -22,7 +22,8 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
         description="Collect uncensored labels on a prompt file, fit STS and write sts.json, "
         "calibration_metrics.json and reliability.png to --out. A run that generates also writes "
         "lookup_prior.json: the lookup drafter's acceptance counts by match length and position, counted on "
-        "the prompts and the outputs it generated (default lookup config, the run's gamma and temperature). "
+        "the prompts and the outputs it generated (default lookup config; as many positions as a hybrid decoder's "
+        "lookup blocks hold, at least the run's gamma; the run's temperature). "
         "--data collections carry no sequences, so they write no lookup prior.",
     )
     c.add_argument("--target", help="'smollm2', a .gguf file or a Hugging Face model folder")
@@ -155,12 +156,13 @@ def _write_lookup_prior(out: Path, data: CalibrationData) -> Path | None:
         )
         return None
     from dspark.calibration.lookup_prior import lookup_prior_from_sequences
-    from dspark.decoding.lookup import LookupConfig
+    from dspark.decoding.lookup import LookupConfig, lookup_width
 
     config = LookupConfig()
     seqs = [list(p) + list(s) for p, s in zip(data.prompt_ids, data.sequences, strict=True)]
     starts = [len(p) for p in data.prompt_ids]
-    table = lookup_prior_from_sequences(seqs, starts, config, data.gamma)
+    # as wide as the lookup blocks of a hybrid decoder of this γ with the default config
+    table = lookup_prior_from_sequences(seqs, starts, config, lookup_width(config, data.gamma, True))
     m = data.meta
     table.meta["temperature"] = float(data.temperature)
     table.meta["source"] = (

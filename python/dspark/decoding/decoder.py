@@ -26,7 +26,7 @@ from dspark.decoding.inputs import (
     load_sts,
     resolve_sampling,
 )
-from dspark.decoding.lookup import LookupConfig
+from dspark.decoding.lookup import LookupConfig, lookup_width
 from dspark.decoding.machine import warn_if_profiled_elsewhere
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.request import GenerateOutput, Request, StreamEvent
@@ -43,8 +43,7 @@ from dspark.models.target_graphs import GraphBuckets
 
 __all__ = ["DSparkDecoder", "GenerateOutput", "RoundRecord", "StreamEvent", "chat_token_ids"]
 
-# drafts per round of lookup decoding without a drafter (block_size overrides it)
-LOOKUP_GAMMA = 8
+# the most drafts per round of lookup decoding without a drafter
 LOOKUP_MAX_GAMMA = 64
 
 
@@ -69,8 +68,9 @@ class DSparkDecoder:
         Per-position STS of the confidence head: SGLang's STS JSON (path or loaded dict; an optional
         ``"biases"`` list adds affine offsets, ``conf = sigmoid(logit / T + b)``) or a list of temperatures.
     block_size : int or None
-        Drafts per round γ (default: the drafter's block size; at most that; without a drafter 0, or 8 with
-        ``lookup``, at most 64).
+        Drafts per round γ (default: the drafter's block size; at most that; without a drafter 0, or with
+        ``lookup`` its ``max_tokens``, default 16, at most 64). A hybrid decoder's lookup blocks hold up to
+        ``max_tokens`` (default 16) drafts, never fewer than γ (``decoder.lookup_width``).
     page_size : int
         KV page size of the target's paged cache.
     max_batch_size : int
@@ -144,14 +144,17 @@ class DSparkDecoder:
         most = drafter.config.block_size if drafter is not None else 0
         default = most
         if drafter is None and lookup_config is not None:
-            most, default = LOOKUP_MAX_GAMMA, lookup_config.max_tokens or LOOKUP_GAMMA
+            most, default = LOOKUP_MAX_GAMMA, lookup_width(lookup_config, 0, with_drafter=False)
         gamma = default if block_size is None else as_int("block_size", block_size, lo=0)
         if gamma > most:
             raise ValueError(
                 f"block_size: must be in [0, {most}] (the drafter's block size; 0 without a drafter, "
                 f"{LOOKUP_MAX_GAMMA} for lookup alone), got {gamma}"
             )
-        lookup_table = _lookup_table(lookup_config, lookup_prior, max(gamma, 1))
+        width = gamma  # lookup drafts per round: γ, or a hybrid decoder's wider lookup blocks
+        if drafter is not None and lookup_config is not None:
+            width = lookup_width(lookup_config, gamma, with_drafter=True)
+        lookup_table = _lookup_table(lookup_config, lookup_prior, max(width, 1))
         self.max_batch_size = as_int("max_batch_size", max_batch_size, lo=1)
         page_size = as_int("page_size", page_size, lo=1)
         if max_kv_pages is not None:
@@ -191,13 +194,14 @@ class DSparkDecoder:
         self.target = target
         self.drafter = drafter
         self.gamma = gamma
+        self.lookup_width = width  # lookup drafts per round (>= γ; = γ without a drafter)
         self.tokenizer = tokenizer
         self.vocab_size = int(target_text_config(target).vocab_size)
         self.taps = list(drafter.config.target_layer_ids) if drafter is not None else []
         self.adaptive_slots = bool(adaptive_slots)
         self.round_observer = round_observer
         self.max_positions = getattr(target_text_config(target), "max_position_embeddings", None)
-        self.stats = DSparkStats(gamma=gamma)
+        self.stats = DSparkStats(gamma=self.round_width)
         self.lookup = lookup_config
         self.lookup_acceptance = lookup_table
         # the drafter's acceptance of slot j given the slots before it (scores its block against the lookup's)
@@ -219,8 +223,16 @@ class DSparkDecoder:
     # ------------------------------------------------------------------ public API
     def fits_context(self, prompt_len: int, max_new_tokens: int) -> bool:
         """Whether a prompt of ``prompt_len`` tokens leaves room for ``max_new_tokens`` and a last verify block
-        (γ + 1 positions) within the target's ``max_position_embeddings`` (True when the target declares none)."""
-        return not self.max_positions or prompt_len + max_new_tokens + self.gamma + 1 <= self.max_positions
+        (``round_width + 1`` positions) within the target's ``max_position_embeddings`` (True when the target
+        declares none)."""
+        return (
+            not self.max_positions or prompt_len + max_new_tokens + self.round_width + 1 <= self.max_positions
+        )
+
+    @property
+    def round_width(self) -> int:
+        """The most drafts one request verifies in a round: γ, or the lookup blocks' width when wider."""
+        return max(self.gamma, self.lookup_width)
 
     def close(self) -> None:
         """Restore the target's attention implementation and free the KV caches (idempotent)."""
@@ -316,7 +328,9 @@ class DSparkDecoder:
         reqs = self._make_requests(encode_prompts(prompts, self.tokenizer, self.vocab_size), sampling)
         drafting = bool(speculative) and self.drafter is not None and self.gamma > 0
         lookup = bool(speculative) and self.lookup is not None and self.gamma > 0
-        call = CallState(sampling, drafting, DSparkStats(gamma=self.gamma), slots=self.gamma, lookup=lookup)
+        call = CallState(
+            sampling, drafting, DSparkStats(gamma=self.round_width), slots=self.gamma, lookup=lookup
+        )
         events = self._run(reqs, call)
         if stream:
             return events
@@ -342,7 +356,7 @@ class DSparkDecoder:
             if not self.fits_context(len(p), sampling.max_new_tokens):
                 raise ValueError(
                     f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {sampling.max_new_tokens} + "
-                    f"{self.gamma + 1} positions for a round's verify block (γ + 1) exceed the target's context "
+                    f"{self.round_width + 1} positions for a round's verify block (anchor + drafts) exceed the target's context "
                     f"of {self.max_positions} positions (max_position_embeddings)"
                 )
             stop = StopCriteria(sampling.max_new_tokens, sampling.eos, sampling.stop, self.tokenizer)
@@ -406,12 +420,14 @@ class DSparkDecoder:
     # ------------------------------------------------------------------ KV pages
     def _peak_tokens(self, r: Request) -> int:
         """Tokens ``r`` holds at the end of its next round if admitted now: prefill + anchor + γ drafts."""
-        return len(r.prompt) + max(len(r.generated) - 1, 0) + self.gamma + 1
+        return len(r.prompt) + max(len(r.generated) - 1, 0) + self.round_width + 1
 
     def _round_pages(self, r: Request) -> int:
         """Pages a running request needs on top of what it holds for one more round (γ + 1 tokens)."""
         pool = self.adapter.pool
-        return max(0, pool.pages_needed(pool.length(r.rid) + self.gamma + 1) - len(pool.block_table(r.rid)))
+        return max(
+            0, pool.pages_needed(pool.length(r.rid) + self.round_width + 1) - len(pool.block_table(r.rid))
+        )
 
     def _spare_pages(self, active: list[Request]) -> float:
         """Pages not promised to the active requests' next step (inf for a pool without a cap)."""

@@ -36,7 +36,13 @@ import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["LookupConfig", "LookupIndex"]
+__all__ = ["DEFAULT_PROPOSAL_TOKENS", "LookupConfig", "LookupIndex", "lookup_width"]
+
+# Tokens a proposal holds when ``LookupConfig.max_tokens`` is None: γ of lookup decoding without a drafter, and the
+# lookup blocks' width in hybrid rounds, wider than the drafter's γ: a long match is often right far past it
+# (greedy SmolLM2-135M: 65 % of 4-token-match proposals are right for 7 tokens, docs/calibration.md), and the
+# planner decides how much of each block to verify
+DEFAULT_PROPOSAL_TOKENS = 16
 
 # Chunks this long or longer are indexed with zip (a few microseconds to set up per n, then faster per token)
 _BULK = 32
@@ -63,7 +69,8 @@ class LookupConfig:
         Longest suffix, tried first; >= ``min_match``. Longer suffixes give fewer but surer matches; each
         length costs one look-up per round and one index entry per token.
     max_tokens : int or None
-        Cap on the tokens one proposal holds (>= 1); ``None`` leaves the cap to the caller's ``k`` (its γ).
+        Tokens one proposal holds at most (>= 1). ``None``: :data:`DEFAULT_PROPOSAL_TOKENS` in a decoder (its
+        lookup width, :func:`lookup_width`), and no cap in :meth:`LookupIndex.propose` beyond its ``k``.
     """
 
     min_match: int = 2
@@ -200,3 +207,13 @@ class LookupIndex:
                 self.match_length = n
                 return h[e : e + k]
         return []
+
+
+def lookup_width(config: LookupConfig, gamma: int, with_drafter: bool) -> int:
+    """Tokens a decoder's lookup block holds at most: ``max_tokens`` (default :data:`DEFAULT_PROPOSAL_TOKENS`),
+    never fewer than the drafter's ``gamma`` in hybrid rounds; lookup decoding alone has no other γ (0 stays 0:
+    no drafts)."""
+    if gamma == 0 and with_drafter:
+        return 0
+    width = config.max_tokens or DEFAULT_PROPOSAL_TOKENS
+    return max(gamma, width) if with_drafter else width

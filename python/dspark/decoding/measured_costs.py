@@ -126,12 +126,12 @@ class MeasuredCosts:
             return self._draft[r][0]
         return self.prior.draft_ms(r) * self._scale(self._draft, self.prior.draft_ms, lambda k: True)
 
-    def to_sps(self, num_requests: int, include_draft: bool = True) -> SpsTable:
+    def to_sps(self, num_requests: int, include_draft: bool = True, max_tokens: int = 0) -> SpsTable:
         """Rounds per second of ``num_requests`` requests against packed verify tokens ``B`` (``R .. R (γ+1)``,
-        at least the table's range for ``R``), as :meth:`CostTable.to_sps` builds it, from these estimates;
-        non-increasing in ``B``."""
+        at least the table's range for ``R`` and ``max_tokens``), as :meth:`CostTable.to_sps` builds it, from
+        these estimates; non-increasing in ``B``."""
         r = max(1, int(num_requests))
-        top = max(self.prior.max_batch_tokens, r * ((self.prior.block_size or 0) + 1))
+        top = max(self.prior.max_batch_tokens, r * ((self.prior.block_size or 0) + 1), int(max_tokens))
         d = self.draft_ms(r) if include_draft else 0.0
         scale = self._verify_scale(r)
         tokens, rates, best = list(range(r, top + 1)), [], math.inf

@@ -112,9 +112,9 @@ class Planner:
         # the 1-D curve (for a cost table: its every-batch curve; rounds use the curve of their own R)
         self.sps_table: SpsTable | None = sps_table
         # curves and what is derived from them, for the measured costs' ``version`` they were built at
-        self._tensors: dict[tuple[torch.device, int, bool], tuple[Tensor, Tensor]] = {}
+        self._tensors: dict[tuple[torch.device, int, bool, int], tuple[Tensor, Tensor]] = {}
         self._rates: dict[tuple[int, int], Tensor] = {}
-        self._curves: dict[tuple[int, bool], SpsTable] = {}
+        self._curves: dict[tuple[int, bool, int], SpsTable] = {}
         self._version = 0
         # ring of earlier rounds: (request ids, survival [R, gamma] detached)
         self._history: deque[tuple[tuple[int, ...], Tensor]] = deque(maxlen=self.lag)
@@ -135,24 +135,29 @@ class Planner:
             self._rates.clear()
             self._curves.clear()
 
-    def _curve(self, num_requests: int, include_draft: bool) -> SpsTable:
-        """The SPS curve of rounds of ``num_requests`` requests (with or without the drafter's time)."""
+    def _curve(self, num_requests: int, include_draft: bool, width: int = 0) -> SpsTable:
+        """The SPS curve of rounds of ``num_requests`` requests (with or without the drafter's time), reaching
+        ``num_requests · (width + 1)`` tokens (blocks of ``width`` drafts) when the table stops short of it."""
         if self.cost_table is None:
             return self.sps_table or SpsTable.flat()
         self._drop_stale()
-        key = (max(1, num_requests), bool(include_draft))
+        r = max(1, num_requests)
+        key = (r, bool(include_draft), int(width))
         if key not in self._curves:
             source = self.measured if self.measured is not None else self.cost_table
-            self._curves[key] = source.to_sps(key[0], include_draft=key[1])
+            self._curves[key] = source.to_sps(r, include_draft=key[1], max_tokens=r * (key[2] + 1))
         return self._curves[key]
 
-    def _sps(self, device: torch.device, num_requests: int, drafter: bool = True) -> tuple[Tensor, Tensor]:
+    def _sps(
+        self, device: torch.device, num_requests: int, drafter: bool = True, width: int = 0
+    ) -> tuple[Tensor, Tensor]:
         # a cost table prices each batch size with its own curve (draft cost depends on R); one curve otherwise
         self._drop_stale()
         with_draft = self.draft_cost and drafter
-        key = (device, num_requests if self.cost_table is not None else 0, with_draft)
+        own = self.cost_table is not None
+        key = (device, num_requests if own else 0, with_draft, width if own else 0)
         if key not in self._tensors:
-            self._tensors[key] = self._curve(num_requests, with_draft).tensors(device)
+            self._tensors[key] = self._curve(num_requests, with_draft, width).tensors(device)
         return self._tensors[key]
 
     def _lagged(self, request_ids: tuple[int, ...], survival: Tensor) -> Tensor:
@@ -185,7 +190,7 @@ class Planner:
         key = (num_requests, width)
         if key not in self._rates:
             if self.effective_mode in ("early_stop", "lagged_topk"):
-                table = self._curve(num_requests, self.draft_cost)
+                table = self._curve(num_requests, self.draft_cost, width)
                 base = max(1, num_requests)
                 rel = [table.steps_per_sec(base + n) / table.steps_per_sec(base) for n in range(width + 1)]
             else:
@@ -217,9 +222,9 @@ class Planner:
             raise RuntimeError(
                 "Planner.round_value: needs a cost table with drafter times and a cost-driven mode"
             )
-        R = survival.shape[0]
-        table = self._curve(R, drafter)
-        tokens, rates = self._sps(torch.device("cpu"), R, drafter)  # cached: asked twice a round
+        R, g = survival.shape
+        table = self._curve(R, drafter, g)
+        tokens, rates = self._sps(torch.device("cpu"), R, drafter, g)  # cached: asked twice a round
         verify_len, _ = plan_verify(survival.float().contiguous(), tokens, rates, "early_stop")
         lens = verify_len.tolist()
         expected = sum(1.0 + float(survival[i, : n - 1].sum()) for i, n in enumerate(lens)) + extra_tokens
@@ -258,7 +263,7 @@ class Planner:
                 self.mode,
             )
             self._warned_flat = True
-        tokens, rate = self._sps(survival.device, survival.shape[0], drafter)
+        tokens, rate = self._sps(survival.device, survival.shape[0], drafter, survival.shape[1])
         lagged = self._lagged(ids, survival) if mode == "lagged_topk" else None
         verify_len, budget = plan_verify(survival, tokens, rate, mode, lagged, self.threshold)
         if self.mode == "lagged_topk":

@@ -53,6 +53,7 @@ class Engine(Protocol):
     drafter: DSparkDrafter | None
     planner: Planner
     gamma: int
+    lookup_width: int  # lookup drafts per round (>= gamma)
     sts: Tensor | None
     sts_bias: Tensor | None
     taps: list[int]
@@ -169,7 +170,7 @@ def decode_round(engine: Engine, call: CallState, requests: list[Request]) -> No
     """One round for the running ``requests``: each step is one call, timed under its stage name."""
     stats = call.stats
     drafted = drafted_slots(engine, call)
-    width = engine.gamma if call.lookup else drafted
+    width = engine.lookup_width if call.lookup else drafted
     r = RoundState(requests, torch.tensor([q.anchor for q in requests]), width, drafted)
     draft_offset = call.take_offset() if r.slots else 0
     if r.slots:

@@ -236,20 +236,31 @@ class CostTable:
         """Verify time (ms) of ``batch_tokens`` packed tokens from ``num_requests`` requests.
 
         Priced at the smallest profiled ``R >= num_requests`` and linearly interpolated between its measured
-        ``B``; below its first ``B`` the first time is used, past its last ``B`` the time grows in proportion.
+        ``B``; below its first ``B`` the first time is used. Past its last ``B`` each further row costs what a
+        row cost over the upper half of the probes (a verify's time is a fixed part, the weights, plus a part
+        per row; growing the whole time in proportion would price a 17-row block at batch 1 at twice what it
+        costs); with one probe, in proportion.
         """
         xs, ys = self._points(self._ceil_r(self.batch_sizes, int(num_requests)))
         b = int(batch_tokens)
         if b > xs[-1]:
-            return ys[-1] * b / xs[-1]  # constant tokens/s past the last probe, as SpsTable prices it
+            if len(xs) == 1:
+                return ys[-1] * b / xs[-1]
+            m = min(len(xs) // 2, len(xs) - 2)  # the upper half's first probe, before the last
+            per_row = (ys[-1] - ys[m]) / (xs[-1] - xs[m])  # >= 0: the times are isotonic
+            return ys[-1] + per_row * (b - xs[-1])
         return interp(xs, ys, b)
 
     # ---- the planner's curve ------------------------------------------------------------------------------------
-    def to_sps(self, num_requests: int | None = None, include_draft: bool = True) -> SpsTable:
+    def to_sps(
+        self, num_requests: int | None = None, include_draft: bool = True, max_tokens: int = 0
+    ) -> SpsTable:
         """The 1-D SPS curve: rounds per second against packed verify tokens ``B``.
 
         ``steps/sec(B) = 1000 / (draft_ms(R) + verify_ms(R, B))`` at every integer ``B`` of the measured range
-        (both smoothed, see the class notes), so the curve never rises with ``B``.
+        (both smoothed, see the class notes), so the curve never rises with ``B``; with ``R`` and
+        ``max_tokens`` past that range, up to ``max_tokens`` (priced as :meth:`verify_ms` prices it: rounds
+        wider than the profiled γ, such as a hybrid decoder's lookup blocks).
 
         Parameters
         ----------
@@ -260,6 +271,8 @@ class CostTable:
             requests that can carry ``B`` (the smallest ``R`` whose measured ``B`` range reaches it).
         include_draft : bool
             False prices rounds that run no drafter (lookup decoding): verify time only.
+        max_tokens : int
+            With ``R``: the last ``B`` of the curve when past the measured range (0: the measured range).
 
         Returns
         -------
@@ -273,8 +286,8 @@ class CostTable:
             r = self._ceil_r(self.batch_sizes, int(num_requests))
             xs, ys = self._points(r)
             d = self.draft_ms(int(num_requests)) if include_draft else 0.0
-            tokens = list(range(xs[0], xs[-1] + 1))
-            times = [d + interp(xs, ys, b) for b in tokens]
+            tokens = list(range(xs[0], max(xs[-1], int(max_tokens)) + 1))
+            times = [d + self.verify_ms(r, b) for b in tokens]
         else:
             spans = [(r, *self._points(r)) for r in self.batch_sizes]
             tokens = list(range(min(v.batch_tokens for v in self.verify), top + 1))
