@@ -102,7 +102,8 @@ class RoundRecord:
     draft_tokens : Tensor
         ``(R, γ)`` int64 drafts.
     draft_logits : Tensor
-        ``(R, γ, V)`` float32 Markov-corrected draft logits (``q = softmax(z / T)``).
+        ``(R, γ, V)`` float32 Markov-corrected draft logits (``q = softmax(z / T)``); with lookup blocks wider
+        than γ, ``draft_tokens`` is as wide as they are and ``draft_logits`` stays γ wide.
     target_logits : Tensor
         ``(sum(verify_len), V)`` target logits of the packed verify rows, before any sampling processor.
     qo_indptr : list of int
@@ -313,10 +314,10 @@ def choose_sources(engine: Engine, r: RoundState) -> None:
     lookup_cap = to_device([n + 1 for n in lk.lengths], dev, torch.int32)
     r.verify_cap = torch.where(use, lookup_cap, torch.full_like(lookup_cap, d + 1))
     own_tokens, own = r.sample.tokens, r.survival if r.survival is not None else drafter_block[:, :d]
-    if d < g:  # the drafter drafted fewer slots than the lookup proposes: pad (never verified: verify_cap)
+    if d < g:  # the drafter drafted fewer slots than the lookup proposes: pad (never verified: verify_cap);
+        # its logits stay d wide (``accept`` widens them only as far as a verified lookup block reaches)
         own_tokens = torch.nn.functional.pad(own_tokens, (0, g - d))
         own = torch.nn.functional.pad(own, (0, g - d))
-        r.draft_logits = torch.nn.functional.pad(r.draft_logits, (0, 0, 0, g - d))
     r.draft_tokens = torch.where(use[:, None], lookup_tokens, own_tokens)
     r.survival = torch.where(use[:, None], lookup_survival, own).contiguous()
 
@@ -373,6 +374,12 @@ def accept(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState)
     R, V, g, dev = len(r.requests), logits.shape[-1], r.slots, logits.device
     q = r.draft_logits if g else torch.empty(R, 0, V, dtype=torch.float32, device=dev)  # None: lookup only
     drafts = r.draft_tokens.clamp(0, V - 1) if g else torch.empty(R, 0, dtype=torch.int64, device=dev)
+    if q is not None and q.shape[1] < g:  # hybrid: lookup blocks wider than the drafter's (R, d, V) logits
+        w = max(
+            int(r.verify_len.max()) - 1, q.shape[1]
+        )  # slots past the widest verified block are never read
+        q = torch.nn.functional.pad(q, (0, 0, 0, w - q.shape[1])) if w > q.shape[1] else q
+        drafts = drafts[:, :w]  # lookup rows' q is not read (one-hot), so zero padding is never used
     histories = [q_.prompt + q_.generated for q_ in r.requests]
     r.accepted, r.out_tokens = accept_drafts(
         logits,
