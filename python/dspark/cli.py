@@ -88,7 +88,16 @@ def _generate(args: argparse.Namespace) -> int:
         )
         return 2
     # checked before the target loads (minutes for a large model)
-    lookup = LookupConfig(args.min_match, args.max_match, args.lookup_tokens) if args.lookup else False
+    try:
+        lookup = LookupConfig(args.min_match, args.max_match, args.lookup_tokens) if args.lookup else False
+    except ValueError as e:  # the config names the field; say which flag sets it
+        flags = {"min_match": "--min-match", "max_match": "--max-match", "max_tokens": "--lookup-tokens"}
+        field = str(e).split(":")[0]
+        print(
+            f"dspark generate: {flags.get(field, field)} ({field}): {str(e).split(': ', 1)[-1]}",
+            file=sys.stderr,
+        )
+        return 2
     prior = args.lookup_prior
     if prior is None and args.lookup and args.drafter not in (None, "none", "random"):
         folder_prior = Path(args.drafter) / "lookup_prior.json"

@@ -290,3 +290,26 @@ def test_lookup_blocks_may_be_wider_than_the_drafters():
     assert out.sequences[0] == ref
     longest = max(i for i, c in enumerate(out.stats.accepted_hist) if c)
     assert len(out.stats.accepted_hist) == 17 and longest > 4  # accepted more drafts than γ = 4 allows
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--lookup-tokens", "0"], "--lookup-tokens (max_tokens): must be >= 1 or None, got 0"),
+        (["--min-match", "0"], "--min-match (min_match): must be >= 1, got 0"),
+        (
+            ["--min-match", "3", "--max-match", "2"],
+            "--max-match (max_match): must be >= min_match (3), got 2",
+        ),
+    ],
+)
+def test_the_command_line_names_a_bad_lookup_flag_before_loading(monkeypatch, capsys, flags, message):
+    import dspark.cli as cli
+    from dspark.models import loading
+
+    def no_load(*a, **k):
+        raise AssertionError("the target must not load")
+
+    monkeypatch.setattr(loading, "load_target", no_load)
+    assert cli.main(["generate", "--target", "smollm2", "--lookup", "--prompt", "hi", *flags]) == 2
+    assert message in capsys.readouterr().err
