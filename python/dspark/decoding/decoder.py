@@ -356,8 +356,8 @@ class DSparkDecoder:
             if not self.fits_context(len(p), sampling.max_new_tokens):
                 raise ValueError(
                     f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {sampling.max_new_tokens} + "
-                    f"{self.round_width + 1} positions for a round's verify block (anchor + drafts) exceed the target's context "
-                    f"of {self.max_positions} positions (max_position_embeddings)"
+                    f"{self.round_width + 1} positions for a round's verify block (anchor + drafts) exceed the "
+                    f"target's context of {self.max_positions} positions (max_position_embeddings)"
                 )
             stop = StopCriteria(sampling.max_new_tokens, sampling.eos, sampling.stop, self.tokenizer)
             stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
@@ -419,11 +419,13 @@ class DSparkDecoder:
 
     # ------------------------------------------------------------------ KV pages
     def _peak_tokens(self, r: Request) -> int:
-        """Tokens ``r`` holds at the end of its next round if admitted now: prefill + anchor + γ drafts."""
+        """Tokens ``r`` holds at the end of its next round if admitted now: prefill + anchor + ``round_width``
+        drafts."""
         return len(r.prompt) + max(len(r.generated) - 1, 0) + self.round_width + 1
 
     def _round_pages(self, r: Request) -> int:
-        """Pages a running request needs on top of what it holds for one more round (γ + 1 tokens)."""
+        """Pages a running request needs on top of what it holds for one more round (``round_width + 1``
+        tokens)."""
         pool = self.adapter.pool
         return max(
             0, pool.pages_needed(pool.length(r.rid) + self.round_width + 1) - len(pool.block_table(r.rid))

@@ -375,9 +375,8 @@ def accept(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState)
     q = r.draft_logits if g else torch.empty(R, 0, V, dtype=torch.float32, device=dev)  # None: lookup only
     drafts = r.draft_tokens.clamp(0, V - 1) if g else torch.empty(R, 0, dtype=torch.int64, device=dev)
     if q is not None and q.shape[1] < g:  # hybrid: lookup blocks wider than the drafter's (R, d, V) logits
-        w = max(
-            int(r.verify_len.max()) - 1, q.shape[1]
-        )  # slots past the widest verified block are never read
+        # slots past the widest verified block are never read
+        w = max(int(r.verify_len.max()) - 1, q.shape[1])
         q = torch.nn.functional.pad(q, (0, 0, 0, w - q.shape[1])) if w > q.shape[1] else q
         drafts = drafts[:, :w]  # lookup rows' q is not read (one-hot), so zero padding is never used
     histories = [q_.prompt + q_.generated for q_ in r.requests]
