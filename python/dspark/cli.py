@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         "--lookup-tokens",
         type=int,
         default=None,
-        help="--lookup: most tokens a lookup block holds (default 16; hybrid rounds: never fewer than the "
-        "drafter's block)",
+        help="--lookup: most tokens a lookup block holds (default 16 with a drafter, never fewer than its "
+        "block; 8 for lookup decoding alone)",
     )
     g.add_argument(
         "--lookup-prior",

@@ -269,9 +269,10 @@ def test_lookup_blocks_may_be_wider_than_the_drafters():
         widths[name] = (dec.gamma, dec.lookup_width, dec.round_width)
         dec.close()
     assert widths == {"default": (4, 16, 16), "capped below γ": (4, 4, 4), "no drafts": (0, 0, 0)}
-    alone = DSparkDecoder(target, None, lookup=LookupConfig(max_tokens=5))
-    assert (alone.gamma, alone.lookup_width) == (5, 5)
-    alone.close()
+    for config, gamma in ((LookupConfig(max_tokens=5), 5), (True, 8)):  # lookup alone: 8 by default
+        alone = DSparkDecoder(target, None, lookup=config)
+        assert (alone.gamma, alone.lookup_width, alone.round_width) == (gamma, gamma, gamma)
+        alone.close()
     # a target whose greedy path cycles through 12 tokens: lookup blocks of 12 are right, and the hybrid verifies
     # them past γ + 1 rows; greedy stays the target's own
     table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0)) * 0.5

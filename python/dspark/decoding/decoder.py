@@ -69,7 +69,7 @@ class DSparkDecoder:
         ``"biases"`` list adds affine offsets, ``conf = sigmoid(logit / T + b)``) or a list of temperatures.
     block_size : int or None
         Drafts per round γ (default: the drafter's block size; at most that; without a drafter 0, or with
-        ``lookup`` its ``max_tokens``, default 16, at most 64). A hybrid decoder's lookup blocks hold up to
+        ``lookup`` its ``max_tokens``, default 8, at most 64). A hybrid decoder's lookup blocks hold up to
         ``max_tokens`` (default 16) drafts, never fewer than γ (``decoder.lookup_width``).
     page_size : int
         KV page size of the target's paged cache.

@@ -36,13 +36,15 @@ import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_PROPOSAL_TOKENS", "LookupConfig", "LookupIndex", "lookup_width"]
+__all__ = ["HYBRID_LOOKUP_TOKENS", "LOOKUP_ALONE_TOKENS", "LookupConfig", "LookupIndex", "lookup_width"]
 
-# Tokens a proposal holds when ``LookupConfig.max_tokens`` is None: γ of lookup decoding without a drafter, and the
-# lookup blocks' width in hybrid rounds, wider than the drafter's γ: a long match is often right far past it
-# (greedy SmolLM2-135M: 65 % of 4-token-match proposals are right for 7 tokens, docs/calibration.md), and the
-# planner decides how much of each block to verify
-DEFAULT_PROPOSAL_TOKENS = 16
+# Tokens a lookup block holds when ``LookupConfig.max_tokens`` is None. In hybrid rounds it is wider than the
+# drafter's γ: a long match is often right far past it (greedy SmolLM2-135M: 65 % of 4-token-match proposals
+# are right for 7 tokens, 52 % for 16; docs/calibration.md), and wider lookup blocks win more rounds before the
+# drafter runs. Lookup decoding alone keeps 8: 16 was slower there in 6 of 7 interleaved comparisons on a
+# 2-core CPU (docs/benchmarks.md "Lookup blocks wider than γ").
+HYBRID_LOOKUP_TOKENS = 16
+LOOKUP_ALONE_TOKENS = 8
 
 # Chunks this long or longer are indexed with zip (a few microseconds to set up per n, then faster per token)
 _BULK = 32
@@ -69,8 +71,9 @@ class LookupConfig:
         Longest suffix, tried first; >= ``min_match``. Longer suffixes give fewer but surer matches; each
         length costs one look-up per round and one index entry per token.
     max_tokens : int or None
-        Tokens one proposal holds at most (>= 1). ``None``: :data:`DEFAULT_PROPOSAL_TOKENS` in a decoder (its
-        lookup width, :func:`lookup_width`), and no cap in :meth:`LookupIndex.propose` beyond its ``k``.
+        Tokens one proposal holds at most (>= 1). ``None``: a decoder's default lookup width (16 in hybrid rounds,
+        8 for lookup decoding alone; :func:`lookup_width`), and no cap in :meth:`LookupIndex.propose` beyond its
+        ``k``.
     """
 
     min_match: int = 2
@@ -210,10 +213,9 @@ class LookupIndex:
 
 
 def lookup_width(config: LookupConfig, gamma: int, with_drafter: bool) -> int:
-    """Tokens a decoder's lookup block holds at most: ``max_tokens`` (default :data:`DEFAULT_PROPOSAL_TOKENS`),
-    never fewer than the drafter's ``gamma`` in hybrid rounds; lookup decoding alone has no other γ (0 stays 0:
-    no drafts)."""
-    if gamma == 0 and with_drafter:
-        return 0
-    width = config.max_tokens or DEFAULT_PROPOSAL_TOKENS
-    return max(gamma, width) if with_drafter else width
+    """Tokens a decoder's lookup block holds at most: ``max_tokens``, by default :data:`HYBRID_LOOKUP_TOKENS`
+    with a drafter (never fewer than its ``gamma``; 0 when ``gamma`` is 0: no drafts) and
+    :data:`LOOKUP_ALONE_TOKENS` for lookup decoding alone (its γ)."""
+    if not with_drafter:
+        return config.max_tokens or LOOKUP_ALONE_TOKENS
+    return max(gamma, config.max_tokens or HYBRID_LOOKUP_TOKENS) if gamma > 0 else 0
