@@ -16,8 +16,8 @@ decoding), ``hybrid`` (drafter + lookup); a ``+measured`` suffix adds ``measure_
 suffix runs the drafter in every round (the rule of docs/lookup.md "Whether the drafter runs" switched off, for
 an A/B of it), a ``+local`` suffix plans with this machine's cost table (``dspark.profiling.local_cost_table``:
 cached, or profiled before the first repeat) instead of ``--costs``, a ``+w<N>`` suffix caps lookup proposals at
-``N`` tokens (``LookupConfig(max_tokens=N)``; default 16). The drafter is the bundled one (its cost
-table, STS and lookup prior).
+``N`` tokens (``LookupConfig(max_tokens=N)``; default 16 for hybrid, 8 for lookup). The drafter is the bundled
+one (its cost table, STS and lookup prior).
 """
 
 from __future__ import annotations
