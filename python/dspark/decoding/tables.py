@@ -167,6 +167,19 @@ def read_json(path: str | Path) -> Any:
         raise ValueError(f"SpsTable: {path} is not valid JSON: {e}") from e
 
 
+def _verify_at(xs: list[int], ys: list[float], b: int) -> float:
+    """Verify time (ms) at ``b`` rows from measured rows ``xs`` and smoothed times ``ys`` (``CostTable.verify_ms``):
+    interpolated inside, the first time below, and past the last probe the slope from the middle probe to the
+    last per further row (in proportion with one probe)."""
+    if b <= xs[-1]:
+        return interp(xs, ys, b)
+    if len(xs) == 1:
+        return ys[-1] * b / xs[-1]
+    m = min(len(xs) // 2, len(xs) - 2)  # the upper half's first probe, before the last
+    per_row = (ys[-1] - ys[m]) / (xs[-1] - xs[m])  # >= 0: the times are isotonic
+    return ys[-1] + per_row * (b - xs[-1])
+
+
 @dataclass(frozen=True)
 class CostTable:
     """Measured drafter and verify costs on one device (dspark's richer cost table).
@@ -241,15 +254,7 @@ class CostTable:
         per row; growing the whole time in proportion would price a 17-row block at batch 1 at twice what it
         costs); with one probe, in proportion.
         """
-        xs, ys = self._points(self._ceil_r(self.batch_sizes, int(num_requests)))
-        b = int(batch_tokens)
-        if b > xs[-1]:
-            if len(xs) == 1:
-                return ys[-1] * b / xs[-1]
-            m = min(len(xs) // 2, len(xs) - 2)  # the upper half's first probe, before the last
-            per_row = (ys[-1] - ys[m]) / (xs[-1] - xs[m])  # >= 0: the times are isotonic
-            return ys[-1] + per_row * (b - xs[-1])
-        return interp(xs, ys, b)
+        return _verify_at(*self._points(self._ceil_r(self.batch_sizes, int(num_requests))), int(batch_tokens))
 
     # ---- the planner's curve ------------------------------------------------------------------------------------
     def to_sps(
@@ -287,7 +292,7 @@ class CostTable:
             xs, ys = self._points(r)
             d = self.draft_ms(int(num_requests)) if include_draft else 0.0
             tokens = list(range(xs[0], max(xs[-1], int(max_tokens)) + 1))
-            times = [d + self.verify_ms(r, b) for b in tokens]
+            times = [d + _verify_at(xs, ys, b) for b in tokens]  # one smoothing of R's points, not one per B
         else:
             spans = [(r, *self._points(r)) for r in self.batch_sizes]
             tokens = list(range(min(v.batch_tokens for v in self.verify), top + 1))
