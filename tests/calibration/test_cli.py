@@ -10,6 +10,7 @@ from dspark import cli
 from dspark.calibration import CalibrationData
 from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.inputs import load_sts
+from dspark.decoding.lookup import EXTENT_BOUNDS
 from dspark.models import loading
 from tests.decoding.toy_models import random_drafter, tiny_target
 
@@ -78,17 +79,19 @@ def test_calibrate_writes_sts_metrics_and_plot(setup, tmp_path, capsys):
     assert set(data.request_ids.tolist()) == set(range(5))  # --skip 1 --limit 5 -> five prompts
 
     # the lookup prior, counted on the prompts and outputs of the run: loadable, as wide as a hybrid decoder's
-    # lookup blocks (16 for γ = 3), match lengths 0..4
+    # lookup blocks (16 for γ = 3)
     assert str(out / "lookup_prior.json") in printed
     prior = json.loads((out / "lookup_prior.json").read_text())
     assert (prior["format"], prior["kind"], prior["gamma"]) == ("dspark-acceptance", "lookup", 16)
     assert (prior["min_match"], prior["max_match"], prior["temperature"]) == (2, 4, 1.0)
-    assert str(prompts) in prior["source"] and len(prior["trials"]) == 5
+    # classes: match lengths 0..4, then one per extent bound past 4
+    assert prior["extent_bounds"] == list(EXTENT_BOUNDS)
+    assert str(prompts) in prior["source"] and len(prior["trials"]) == 5 + len(EXTENT_BOUNDS)
     # one proposal at least per prompt (its suffix "i+i=" occurred before), at most one per generated token
     assert 5 <= sum(row[0] for row in prior["trials"]) <= 5 * 8 and prior["trials"][0] == [0] * 16
-    assert prior["trials"][4][0] >= 5
+    assert sum(row[0] for row in prior["trials"][4:]) >= 5
     table = AcceptanceTable.load(out / "lookup_prior.json")
-    assert table.to_dict() == prior and (table.num_classes, table.gamma) == (5, 16)
+    assert table.to_dict() == prior and (table.num_classes, table.gamma) == (5 + len(EXTENT_BOUNDS), 16)
 
     # refit from the saved rows: the same temperatures come back; saved rows carry no sequences
     out2 = tmp_path / "refit"

@@ -8,7 +8,7 @@ import pytest
 from dspark import DSparkDecoder
 from dspark.calibration import collect_calibration_data
 from dspark.calibration.lookup_prior import lookup_prior_from_sequences
-from dspark.decoding.lookup import LookupConfig
+from dspark.decoding.lookup import EXTENT_BOUNDS, LookupConfig
 from tests.decoding.toy_models import random_drafter, tiny_target
 
 
@@ -18,28 +18,33 @@ def counts(t):
 
 
 def brute_proposal(h: list[int], m: int, M: int, k: int) -> tuple[list[int], int]:
-    """Longest n in [m, M] whose suffix occurs ending at some e in [n, len(h) - 1]; the latest such e."""
+    """Longest n in [m, M] whose suffix occurs ending at some e in [n, len(h) - 1]; the latest such e; the
+    class is n below M, else M plus the extent bounds reached by the longest common suffix of h[:e] and h."""
     L = len(h)
     for n in range(M, m - 1, -1):
         for e in range(L - 1, n - 1, -1):
             if h[e - n : e] == h[L - n :]:
-                return h[e : e + k], n
+                cap = min(e, max(M, EXTENT_BOUNDS[-1]))
+                x = max(x for x in range(n, cap + 1) if h[e - x : e] == h[L - x :])
+                bounds = [b for b in EXTENT_BOUNDS if b > M]
+                return h[e : e + k], (n if n < M else M + sum(x >= b for b in bounds))
     return [], 0
 
 
 def brute_counts(sequences, starts, m, M, gamma):
-    acc = [[0] * gamma for _ in range(M + 1)]
-    tri = [[0] * gamma for _ in range(M + 1)]
+    classes = M + 1 + sum(b > M for b in EXTENT_BOUNDS)
+    acc = [[0] * gamma for _ in range(classes)]
+    tri = [[0] * gamma for _ in range(classes)]
     for seq, start in zip(sequences, starts, strict=True):
         for t in range(start, len(seq)):
-            proposal, n = brute_proposal(seq[:t], m, M, gamma)
+            proposal, c = brute_proposal(seq[:t], m, M, gamma)
             for j, tok in enumerate(proposal):
                 if t + j >= len(seq):
                     break  # not committed: censored
-                tri[n][j] += 1
+                tri[c][j] += 1
                 if seq[t + j] != tok:
                     break
-                acc[n][j] += 1
+                acc[c][j] += 1
     return acc, tri
 
 
@@ -67,9 +72,12 @@ def brute_counts(sequences, starts, m, M, gamma):
 )
 def test_prior_counts_by_hand(seq, want):
     t = lookup_prior_from_sequences([seq], [3], LookupConfig(min_match=2, max_match=4), gamma=3)
+    longer = [[0] * 3] * len(EXTENT_BOUNDS)  # the extents here stay below 6: no longer-extent counts
+    want = (want[0] + longer, want[1] + longer)
     assert counts(t) == want
     d = t.to_dict()
     assert (d["kind"], d["min_match"], d["max_match"], d["gamma"]) == ("lookup", 2, 4, 3)
+    assert d["extent_bounds"] == list(EXTENT_BOUNDS)
     assert d["accepts"] == want[0] and d["trials"] == want[1]  # raw counts, no rescaling
 
 
@@ -90,12 +98,13 @@ def test_prior_matches_a_brute_force_count(m, M, gamma):
     assert sum(want[1][n][0] for n in range(M + 1)) > 20  # enough proposals to mean something
     assert sum(want[0][n][1] for n in range(M + 1)) > 0  # and accepts past the first position
     assert want[1][0] == [0] * gamma  # class 0 never proposes
+    assert sum(want[1][c][0] for c in range(M + 1, len(want[1]))) > 0  # long extents are classed apart
 
 
 def test_max_tokens_caps_the_proposals():
     seq = [1, 2, 3, 1, 2, 3, 1, 2]
     t = lookup_prior_from_sequences([seq], [3], LookupConfig(2, 4, max_tokens=1), gamma=3)
-    assert counts(t)[1] == [[0] * 3, [0] * 3, [1, 0, 0], [1, 0, 0], [1, 0, 0]]
+    assert counts(t)[1] == [[0] * 3, [0] * 3, [1, 0, 0], [1, 0, 0], [1, 0, 0]] + [[0] * 3] * 7
 
 
 def test_bad_arguments_are_named():

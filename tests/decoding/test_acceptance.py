@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dspark.decoding.acceptance import AcceptanceTable
+from dspark.decoding.lookup import EXTENT_BOUNDS, LookupConfig, match_class, num_match_classes
 
 
 def counts(t: AcceptanceTable) -> tuple[list[list[float]], list[list[float]]]:
@@ -193,6 +194,7 @@ def test_prior_weight_caps_the_pseudo_trials_of_a_cell():
         "kind": "lookup",
         "min_match": 2,
         "max_match": 2,
+        "extent_bounds": [],
         "temperature": 0.0,
         "source": "hand-made",
     }
@@ -201,12 +203,17 @@ def test_prior_weight_caps_the_pseudo_trials_of_a_cell():
 def test_a_prior_of_another_shape_fills_the_overlap():
     prior = prior_dict(accepts=[[0, 0], [3, 1], [4, 2]], trials=[[0, 0], [4, 4], [4, 4]])
     t = AcceptanceTable(4, 3, prior=prior)  # one class and one position more than the prior
+    # match length 3 was part of the prior's class 2 (its longest match length): it starts from that row
     np.testing.assert_allclose(
-        t.conditional(), [[0.5] * 3, [0.75, 0.25, 0.5], [1.0, 0.5, 0.5], [0.5] * 3], rtol=1e-12
+        t.conditional(), [[0.5] * 3, [0.75, 0.25, 0.5], [1.0, 0.5, 0.5], [1.0, 0.5, 0.5]], rtol=1e-12
     )
     assert t.meta["max_match"] == 3
-    small = AcceptanceTable.from_dict(prior, num_classes=2, gamma=1)
-    assert small.conditional() == [[0.5], [0.75]] and small.meta["min_match"] is None  # 2 > max_match 1
+    drafter = AcceptanceTable(4, 3, prior=prior, meta={"kind": "drafter"})  # not lookup: rows by index
+    np.testing.assert_allclose(drafter.conditional()[3], [0.5] * 3, rtol=1e-12)
+    small = AcceptanceTable.from_dict(prior, num_classes=2, gamma=1)  # its class 1 pools the prior's 1 and 2
+    assert (
+        small.conditional() == [[0.5], [(3 + 4) / (4 + 4)]] and small.meta["min_match"] is None
+    )  # 2 > max_match 1
 
 
 # ------------------------------------------------------------------ files
@@ -304,3 +311,65 @@ def test_missing_fields_and_broken_files_are_named(tmp_path):
         json.dumps({k: v for k, v in GOOD.items() if k not in ("min_match", "max_match")} | {"kind": "x"})
     )
     assert AcceptanceTable.load(other).meta["kind"] == "x"
+
+
+def test_extent_classes_round_trip_and_an_unsplit_prior_seeds_them(tmp_path):
+    cfg = LookupConfig(2, 4)
+    t = AcceptanceTable.for_lookup(cfg, 3)
+    assert t.num_classes == num_match_classes(cfg) and t.meta["extent_bounds"] == list(EXTENT_BOUNDS)
+    t.observe(match_class(cfg, 4, 50), 3, 3)  # the longest extents' class
+    t.save(tmp_path / "t.json")
+    back = AcceptanceTable.load(tmp_path / "t.json")
+    assert back.to_dict() == t.to_dict() and back.meta["extent_bounds"] == list(EXTENT_BOUNDS)
+    # a prior of match lengths only (no extent_bounds field): every extent class starts from class 4
+    old = prior_dict(
+        accepts=[[0, 0], [0, 0], [1, 0], [2, 1], [9, 4]], trials=[[0, 0], [0, 0], [2, 0], [4, 2], [10, 8]]
+    )
+    seeded = AcceptanceTable.for_lookup(cfg, 2, prior=old)
+    cond = seeded.conditional()
+    assert cond[2] == pytest.approx([0.5, 0.5]) and cond[3] == pytest.approx([0.5, 0.5])
+    assert all(row == pytest.approx([0.9, 0.5]) for row in cond[4:])
+    # a prior split at other bounds: each class takes the prior class holding its shortest extent
+    other = prior_dict(
+        accepts=[[0]] * 5 + [[1], [2]], trials=[[0]] * 5 + [[2], [2]], max_match=4, extent_bounds=[10, 20]
+    )
+    remapped = AcceptanceTable.for_lookup(cfg, 1, prior=other).conditional()
+    # table classes from extent 4, 6, 8, 12, 16, 24, 32, 48 take prior classes (4: 4-9, 5: 10-19, 6: >= 20)
+    # 4, 4, 5 (its 10 falls in 8-11: pooled), 5, 6 (20 in 16-23: pooled), 6, 6, 6
+    assert [row[0] for row in remapped[4:]] == pytest.approx([0.5, 0.5, 0.5, 0.5, 1, 1, 1, 1])
+    # and a table classed by length alone pools a split prior's classes 4.. into its class 4
+    split = AcceptanceTable.for_lookup(cfg, 2, prior=t.to_dict() | {"gamma": 3}).to_dict()
+    pooled = AcceptanceTable.for_lookup(LookupConfig(2, 4, extent_bounds=()), 2, prior=split)
+    assert pooled.num_classes == 5 and pooled.prior_counts[1][4].tolist() == [1, 1]
+    merged = prior_dict(
+        accepts=[[0]] * 4 + [[1], [2], [3]],
+        trials=[[0]] * 4 + [[2], [2], [4]],
+        max_match=4,
+        extent_bounds=[10, 20],
+    )
+    assert AcceptanceTable.for_lookup(LookupConfig(2, 4, extent_bounds=()), 1, prior=merged).conditional()[
+        4
+    ] == [pytest.approx(6 / 8)]
+
+
+@pytest.mark.parametrize(
+    "bounds, message",
+    [
+        ([4, 8], r"'extent_bounds' must be a list of strictly increasing ints > max_match = 4"),
+        ([8, 6], r"'extent_bounds' must be a list of strictly increasing ints"),
+        ("6", r"'extent_bounds' must be a list"),
+        ([6.0], r"'extent_bounds' must be a list"),
+    ],
+)
+def test_bad_extent_bounds_are_named(bounds, message):
+    d = prior_dict(accepts=[[0]] * 7, trials=[[0]] * 7, max_match=4, extent_bounds=bounds)
+    with pytest.raises(ValueError, match=message):
+        AcceptanceTable.from_dict(d)
+
+
+def test_extent_bounds_must_match_the_rows():
+    d = prior_dict(accepts=[[0]] * 6, trials=[[0]] * 6, max_match=4, extent_bounds=[6, 8])
+    with pytest.raises(
+        ValueError, match=r"'max_match' = 4 and 2 'extent_bounds' make 7 classes, but 'accepts' has 6"
+    ):
+        AcceptanceTable.from_dict(d, where="p.json")

@@ -72,16 +72,18 @@ def test_the_yield_is_a_running_mean_of_what_the_blocks_returned():
 class History:
     """A request as ``look_up`` reads it: its lookup index."""
 
+    config = LookupConfig(min_match=1, max_match=3)
+
     def __init__(self, tokens):
-        self.lookup = LookupIndex(LookupConfig(min_match=1, max_match=3))
+        self.lookup = LookupIndex(self.config)
         self.lookup.extend(tokens)
 
 
 def lookup_block(first_accepted: float):
     """Two requests' 4-token lookup blocks whose first draft is accepted with ``first_accepted``, later ones
     almost surely."""
-    table = AcceptanceTable(4, 4)
-    for n in range(1, 4):
+    table = AcceptanceTable.for_lookup(History.config, 4)
+    for n in range(1, table.num_classes):
         for i in range(100):
             table.observe(n, 4, 4 if i < 100 * first_accepted else 0)
     return look_up([History([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3])] * 2, 4, table)

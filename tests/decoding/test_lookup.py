@@ -11,30 +11,43 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark.decoding.lookup import _BULK, LookupConfig, LookupIndex
+from dspark.decoding.lookup import (
+    _BULK,
+    EXTENT_BOUNDS,
+    LookupConfig,
+    LookupIndex,
+    extent_bounds,
+    match_class,
+    num_match_classes,
+)
 
 
-def brute_force(history: list[int], cfg: LookupConfig, k: int) -> tuple[list[int], int]:
-    """The rule read literally: longest n first, then the latest end e in [n, L - 1] whose n-gram matches."""
+def brute_force(history: list[int], cfg: LookupConfig, k: int) -> tuple[list[int], int, int]:
+    """The rule read literally: longest n first, then the latest end e in [n, L - 1] whose n-gram matches;
+    the extent is the longest x up to the cap with history[e - x:e] == history[L - x:L], tried from the cap
+    down (no use of the argument that only max_match matches can extend)."""
     if cfg.max_tokens is not None:
         k = min(k, cfg.max_tokens)
     if k == 0:
-        return [], 0
+        return [], 0, 0
     L = len(history)
+    cap = max((cfg.max_match, *cfg.extent_bounds))
     for n in range(cfg.max_match, cfg.min_match - 1, -1):
         if n > L:
             continue
         suffix = history[L - n :]
         for e in range(L - 1, n - 1, -1):
             if history[e - n : e] == suffix:
-                return history[e : min(e + k, L)], n
-    return [], 0
+                x = next(x for x in range(min(cap, e), n - 1, -1) if history[e - x : e] == history[L - x :])
+                return history[e : min(e + k, L)], n, x
+    return [], 0, 0
 
 
 def first_disagreement(
     index_cls: type[LookupIndex], cfg: LookupConfig, chunks: list[list[int]], ks: list[int]
 ) -> tuple | None:
-    """Extend chunk by chunk; after every extend compare propose(k) and match_length with the brute force."""
+    """Extend chunk by chunk; after every extend compare propose(k), match_length and match_extent with the
+    brute force."""
     index = index_cls(cfg)
     history: list[int] = []
     for chunk in [[], *chunks]:
@@ -43,7 +56,7 @@ def first_disagreement(
         if len(index) != len(history):
             return ("len", history, len(index))
         for k in ks:
-            got = (index.propose(k), index.match_length)
+            got = (index.propose(k), index.match_length, index.match_extent)
             want = brute_force(history, cfg, k)
             if got != want:
                 return (history, k, got, want)
@@ -61,7 +74,8 @@ def cases(draw):
     chunk = st.lists(token, max_size=6) | st.lists(token, min_size=_BULK - 1, max_size=_BULK + 24)
     chunks = draw(st.lists(chunk, min_size=1, max_size=8))
     ks = draw(st.lists(st.integers(0, 12), min_size=1, max_size=3))
-    return LookupConfig(lo, hi, cap), chunks, ks
+    bounds = draw(st.sampled_from([EXTENT_BOUNDS, (), (3, 5), (9,)]))
+    return LookupConfig(lo, hi, cap, bounds), chunks, ks
 
 
 @settings(max_examples=400, deadline=None)
@@ -136,6 +150,47 @@ def test_k_zero_and_the_cap():
     assert index.propose(1) == [2]
 
 
+def test_extent_counts_how_far_the_occurrence_agrees():
+    index = LookupIndex(LookupConfig(2, 4))
+    index.extend(list(range(10)) + [7] + list(range(6)))  # ... 0 1 2 3 4 5 | the suffix 2 3 4 5
+    assert index.propose(3) == [6, 7, 8]
+    assert (index.match_length, index.match_extent) == (4, 6)  # 0..5 agree, then 7 against the start
+    index.extend([6, 7, 8, 9])
+    assert index.propose(2) == [7, 0] and (index.match_length, index.match_extent) == (4, 10)
+    short = LookupIndex(LookupConfig(2, 4))
+    short.extend([5, 1, 2, 6, 1, 2])  # only a 2-gram matches: its extent is its length
+    assert short.propose(2) == [6, 1] and (short.match_length, short.match_extent) == (2, 2)
+    run = LookupIndex(LookupConfig(2, 4))
+    run.extend([3] * 200)
+    assert run.propose(1) == [3] and run.match_extent == EXTENT_BOUNDS[-1]  # capped
+
+
+def test_match_classes():
+    cfg = LookupConfig(2, 4)
+    assert extent_bounds(cfg) == EXTENT_BOUNDS == (6, 8, 12, 16, 24, 32, 48)
+    assert num_match_classes(cfg) == 5 + len(EXTENT_BOUNDS)
+    want = {(0, 0): 0, (2, 2): 2, (3, 3): 3, (4, 4): 4, (4, 5): 4, (4, 6): 5, (4, 7): 5, (4, 8): 6}
+    want |= {(4, 11): 6, (4, 12): 7, (4, 16): 8, (4, 24): 9, (4, 32): 10, (4, 47): 10, (4, 48): 11}
+    for (n, x), c in want.items():
+        assert match_class(cfg, n, x) == c, (n, x)
+    wide = LookupConfig(2, 10)  # bounds at or below max_match are dropped
+    assert extent_bounds(wide) == (12, 16, 24, 32, 48) and num_match_classes(wide) == 16
+    assert [match_class(wide, 10, x) for x in (10, 11, 12, 100)] == [10, 10, 11, 15]
+
+
+def test_extent_bounds_are_a_config_field():
+    assert (
+        extent_bounds(LookupConfig(2, 4, extent_bounds=())) == ()
+        and num_match_classes(LookupConfig(2, 4, extent_bounds=())) == 5
+    )
+    index = LookupIndex(LookupConfig(2, 4, extent_bounds=(5,)))
+    index.extend([7] * 30)
+    assert index.propose(2) == [7] and index.match_extent == 5  # capped at the config's last bound
+    bare = LookupIndex(LookupConfig(2, 4, extent_bounds=()))
+    bare.extend([7] * 30)
+    assert bare.propose(2) == [7] and bare.match_extent == 4
+
+
 def test_numpy_ints_are_tokens():
     index = LookupIndex()
     index.extend(np.array([3, 4, 3, 4], dtype=np.int64))
@@ -156,6 +211,13 @@ def test_numpy_ints_are_tokens():
         ({"max_match": True}, r"max_match: must be an int >= min_match \(2\), got True \(bool\)"),
         ({"max_tokens": 0}, "max_tokens: must be >= 1 or None, got 0"),
         ({"max_tokens": "3"}, "max_tokens: must be an int >= 1 or None, got '3'"),
+        (
+            {"extent_bounds": (8, 6)},
+            r"extent_bounds: must be a tuple of strictly increasing ints >= 1, got \(8, 6\)",
+        ),
+        ({"extent_bounds": [6, 8]}, r"extent_bounds: must be a tuple"),
+        ({"extent_bounds": (0,)}, r"extent_bounds: must be a tuple"),
+        ({"extent_bounds": (6.0,)}, r"extent_bounds: must be a tuple"),
     ],
 )
 def test_bad_config(kwargs, message):
@@ -225,11 +287,28 @@ class ShortestFirst(LookupIndex):
             h.append(int(t))
 
 
+class ExtentStopsShortOfTheStart(LookupIndex):
+    """Wrong: never lets the extent reach the history's first token (an off-by-one in the backward scan)."""
+
+    def propose(self, k):
+        out = super().propose(k)
+        if out and self.match_length == self.config.max_match:
+            h, n = self._history, self.match_length
+            L = len(h)
+            e = self._ends[tuple(h[L - n :])]
+            x = n
+            while x < self._extent_cap and x < e - 1 and h[e - 1 - x] == h[L - 1 - x]:  # e - 1: the bug
+                x += 1
+            self.match_extent = x
+        return out
+
+
 @pytest.mark.parametrize(
     ("wrong", "cfg", "history"),
     [
         (OldestOccurrence, LookupConfig(2, 2), [1, 2, 3, 1, 2, 4, 1, 2]),
         (ShortestFirst, LookupConfig(1, 3), [1, 2, 3, 9, 8, 2, 3, 7, 1, 2, 3]),
+        (ExtentStopsShortOfTheStart, LookupConfig(2, 2), [1, 2, 3, 1, 2, 3, 1, 2, 3]),
     ],
 )
 def test_checker_catches_a_wrong_index(wrong, cfg, history):
@@ -240,7 +319,7 @@ def test_checker_catches_a_wrong_index(wrong, cfg, history):
     assert got != want
 
 
-@pytest.mark.parametrize("wrong", [OldestOccurrence, ShortestFirst])
+@pytest.mark.parametrize("wrong", [OldestOccurrence, ShortestFirst, ExtentStopsShortOfTheStart])
 def test_random_histories_find_the_wrong_indexes_too(wrong):
     # the property test's generator has the power to find these bugs, not only the hand-picked histories
     rng = random.Random(0)

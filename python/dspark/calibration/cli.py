@@ -21,8 +21,8 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
         "count the lookup drafter's acceptance on the generated outputs (lookup_prior.json)",
         description="Collect uncensored labels on a prompt file, fit STS and write sts.json, "
         "calibration_metrics.json and reliability.png to --out. A run that generates also writes "
-        "lookup_prior.json: the lookup drafter's acceptance counts by match length and position, counted on "
-        "the prompts and the outputs it generated (default lookup config; as many positions as a hybrid decoder's "
+        "lookup_prior.json: the lookup drafter's acceptance counts by match class (length and extent) and "
+        "position, counted on the prompts and the outputs it generated (default lookup config; as many positions as a hybrid decoder's "
         "lookup blocks hold, at least the run's gamma; the run's temperature). "
         "--data collections carry no sequences, so they write no lookup prior.",
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dspark.decoding.acceptance import AcceptanceTable
-from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.decoding.lookup import LookupConfig, LookupIndex, match_class
 
 __all__ = ["lookup_prior_from_sequences"]
 
@@ -28,7 +28,8 @@ def lookup_prior_from_sequences(
 
     For sequence ``i`` the index is built over ``seq[:starts[i]]`` (the prompt); then at each ``t`` in
     ``[starts[i], len(seq))`` the proposal ``propose(γ)`` from ``seq[:t]`` is compared with ``seq[t:t + γ]``
-    (shorter at the end: the rest is censored) under the class ``match_length``, and ``seq[t]`` is appended.
+    (shorter at the end: the rest is censored) under the proposal's class (``match_class``: its match length
+    and extent), and ``seq[t]`` is appended.
     An empty proposal counts nothing.
 
     Parameters
@@ -38,14 +39,15 @@ def lookup_prior_from_sequences(
     starts : sequence of int
         ``(N,)`` prompt length of each sequence, in ``[0, len(seq)]``.
     config : LookupConfig
-        The index's match lengths (the table has ``max_match + 1`` classes).
+        The index's match lengths (the table has ``num_match_classes(config)`` classes).
     gamma : int
         Proposal length (the drafter's γ), >= 1.
 
     Returns
     -------
     AcceptanceTable
-        The raw counts in its observations (no prior), ``meta`` holding ``min_match`` and ``max_match``;
+        The raw counts in its observations (no prior), ``meta`` holding ``min_match``, ``max_match`` and
+        ``extent_bounds``;
         ``to_dict()`` is the prior file (set ``meta["temperature"]`` and ``meta["source"]`` first).
     """
     if not isinstance(config, LookupConfig):
@@ -54,9 +56,8 @@ def lookup_prior_from_sequences(
         raise ValueError(f"gamma: must be an int >= 1, got {gamma!r}")
     if len(starts) != len(sequences):
         raise ValueError(f"starts: {len(starts)} entries for {len(sequences)} sequences")
-    table = AcceptanceTable(
-        config.max_match + 1, gamma, meta={"kind": "lookup", "min_match": config.min_match}
-    )
+    table = AcceptanceTable.for_lookup(config, gamma)
+    table.meta["min_match"] = config.min_match
     for i, (seq, start) in enumerate(zip(sequences, starts, strict=True)):
         seq = list(seq)
         if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= len(seq):
@@ -66,6 +67,7 @@ def lookup_prior_from_sequences(
         for t in range(start, len(seq)):
             proposal = index.propose(gamma)
             if proposal:
-                table.observe_continuation(index.match_length, proposal, seq[t : t + gamma])
+                cls = match_class(config, index.match_length, index.match_extent)
+                table.observe_continuation(cls, proposal, seq[t : t + gamma])
             index.extend(seq[t : t + 1])
     return table

@@ -3,7 +3,9 @@
 
 An :class:`AcceptanceTable` estimates the conditional acceptance ``a(c, j) = P(draft j accepted | drafts
 0..j-1 accepted)`` for classes ``c`` in ``[0, C)`` and positions ``j`` in ``[0, γ)``. For the lookup drafter the
-class is the match length ``n`` of the proposal (``0..max_match``; class 0 never proposes). Each cell is a
+class is :func:`~dspark.decoding.lookup.match_class`: the match length ``n`` of the proposal (``0..max_match``;
+class 0 never proposes), and for ``max_match`` matches one class more per extent bound the match reaches
+(``extent_bounds``, in the file). Each cell is a
 Beta-style ratio of pseudo-counts (the prior) plus observed counts::
 
     a(c, j) = (prior_accepts[c, j] + accepts[c, j]) / (prior_trials[c, j] + trials[c, j])
@@ -45,6 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from dspark.decoding.lookup import LookupConfig, extent_bounds, num_match_classes
 
 __all__ = ["FORMAT", "VERSION", "AcceptanceTable"]
 
@@ -96,6 +100,39 @@ def _count_grid(where: str, key: str, value: object, gamma: int) -> list[list[fl
     return rows
 
 
+def _extent_bounds(where: str, value: object, max_match: int) -> list[int]:
+    """``value`` as a list of strictly increasing ints above ``max_match`` (the extents where a class starts)."""
+    ok = isinstance(value, (list, tuple)) and all(
+        type(b) is int and b > lo for b, lo in zip(value, [max_match, *value], strict=False)
+    )
+    if not ok:
+        raise ValueError(
+            f"{where} 'extent_bounds' must be a list of strictly increasing ints > max_match = {max_match}, "
+            f"got {value!r}"
+        )
+    return list(value)
+
+
+def _class_map(max_match: int, bounds: list[int], prior: Mapping[str, Any]) -> list[list[int]]:
+    """For each class of a lookup table laid out by ``max_match`` and ``bounds``, the classes of a lookup
+    ``prior`` (its parsed meta) to pool: those whose shortest ``(match length, extent)`` falls in the class
+    (a coarser table merges finer prior classes), or else the one prior class holding the class's shortest
+    ``(match length, extent)`` (a finer table starts each part from the class it was part of)."""
+
+    def lowers(m: int, b: list[int]) -> list[tuple[int, int]]:
+        return [(n, n) for n in range(m + 1)] + [(m, x) for x in b]
+
+    def class_of(m: int, b: list[int], n: int, x: int) -> int:
+        return n if n < m else m + sum(1 for y in b if x >= y)
+
+    pm, pb = prior["max_match"], prior["extent_bounds"]
+    mine = [class_of(max_match, bounds, n, x) for n, x in lowers(pm, pb)]
+    return [
+        [p for p, c in enumerate(mine) if c == t] or [class_of(pm, pb, n, x)]
+        for t, (n, x) in enumerate(lowers(max_match, bounds))
+    ]
+
+
 def _parse(d: object, where: str) -> tuple[list[list[float]], list[list[float]], dict[str, Any]]:
     """Check a table dict (the JSON structure); returns ``(accepts, trials, meta)``."""
     if not isinstance(d, Mapping):
@@ -122,16 +159,18 @@ def _parse(d: object, where: str) -> tuple[list[list[float]], list[list[float]],
             if a > t * (1 + 1e-9):
                 raise ValueError(f"{where}: field 'accepts[{c}][{j}]' = {a} exceeds trials[{c}][{j}] = {t}")
     min_match, max_match = d.get("min_match"), d.get("max_match")
+    bounds: list[int] = []
     if kind == "lookup":
-        # class n = match length 0..max_match: the rows must be exactly those classes
+        # classes: match lengths 0..max_match, then one per extent bound; the rows must be exactly those
         if "max_match" not in d or isinstance(max_match, bool) or not isinstance(max_match, int):
             raise ValueError(
                 f"{where}: field 'max_match' must be an int for kind 'lookup', got {max_match!r}"
             )
-        if max_match != len(accepts) - 1:
+        bounds = _extent_bounds(f"{where}: field", d.get("extent_bounds", []), max_match)
+        if max_match + 1 + len(bounds) != len(accepts):
             raise ValueError(
-                f"{where}: field 'max_match' = {max_match} but 'accepts' has {len(accepts)} rows "
-                "(one per match length 0..max_match)"
+                f"{where}: field 'max_match' = {max_match} and {len(bounds)} 'extent_bounds' make "
+                f"{max_match + 1 + len(bounds)} classes, but 'accepts' has {len(accepts)} rows"
             )
         if min_match is not None and (
             isinstance(min_match, bool) or not isinstance(min_match, int) or not 1 <= min_match <= max_match
@@ -156,6 +195,7 @@ def _parse(d: object, where: str) -> tuple[list[list[float]], list[list[float]],
         "kind": kind,
         "min_match": min_match,
         "max_match": max_match,
+        "extent_bounds": bounds,
         "temperature": None if temperature is None else float(temperature),
         "source": source,
     }
@@ -168,19 +208,26 @@ class AcceptanceTable:
     Parameters
     ----------
     num_classes : int
-        Classes ``C`` >= 1 (for lookup: ``max_match + 1``, class = match length).
+        Classes ``C`` >= 1 (for lookup: ``max_match + 1 + len(extent_bounds)``, the classes of
+        :func:`dspark.decoding.lookup.match_class`).
     gamma : int
         Positions ``γ`` >= 1 (the longest block the table describes).
     prior : dict, optional
         A table dict (the JSON structure of :meth:`to_dict`). Its counts are rescaled per cell to at most
         ``prior_weight`` pseudo-trials. Cells outside its classes or positions (a prior of another shape) and
-        cells without prior trials get the weak default ``a = 0.5`` with 2 pseudo-trials.
+        cells without prior trials get the weak default ``a = 0.5`` with 2 pseudo-trials. A lookup prior
+        whose classes are laid out otherwise (another ``max_match`` or ``extent_bounds``; files written
+        before extents were classed have none) gives each class the counts of its class that holds the
+        same shortest extent, so a class the prior did not split starts from the class it was part of, and
+        a class the prior split in several pools their counts.
     prior_weight : float
         Most pseudo-trials a cell takes from the prior; finite and > 0.
     meta : dict, optional
         Provenance written by :meth:`to_dict`: ``kind`` (default ``"lookup"``), ``min_match`` (default
-        ``None``), ``temperature`` (default ``None``, unknown), ``source`` (default ``""``); these override
-        a given prior's values. For kind ``"lookup"``, ``max_match`` is always ``num_classes - 1``.
+        ``None``), ``temperature`` (default ``None``, unknown), ``source`` (default ``""``), and for kind
+        ``"lookup"`` ``extent_bounds`` (default ``[]``: one class per match length); these override a given
+        prior's values, except ``extent_bounds``, which is the table's own layout. For kind ``"lookup"``,
+        ``max_match`` is always ``num_classes - 1 - len(extent_bounds)``.
 
     Attributes
     ----------
@@ -210,24 +257,38 @@ class AcceptanceTable:
             raise ValueError(f"prior_weight: must be finite and > 0, got {prior_weight}")
         self.num_classes, self.gamma, self.prior_weight = C, g, float(prior_weight)
         self.meta: dict[str, Any] = {"kind": "lookup", "min_match": None, "temperature": None, "source": ""}
-        # raw prior evidence (zeros where there is none), kept for to_dict; pseudo-counts as rescaled
-        self._raw_a = [[0.0] * g for _ in range(C)]
-        self._raw_t = [[0.0] * g for _ in range(C)]
+        pa = pt = pmeta = None
         if prior is not None:
             pa, pt, pmeta = _parse(prior, "prior")
-            self.meta.update({k: v for k, v in pmeta.items() if k != "max_match"})
-            for c in range(min(C, len(pa))):
-                for j in range(min(g, len(pa[c]))):
-                    self._raw_a[c][j], self._raw_t[c][j] = pa[c][j], pt[c][j]
+            self.meta.update({k: v for k, v in pmeta.items() if k not in ("max_match", "extent_bounds")})
         if meta is not None:
             if not isinstance(meta, Mapping):
                 raise ValueError(f"meta: must be a dict, got {type(meta).__name__}")
             self.meta.update(meta)
-        if self.meta.get("kind") == "lookup":
-            self.meta["max_match"] = C - 1
+        lookup = self.meta.get("kind") == "lookup"
+        if lookup:
+            raw = self.meta.get("extent_bounds") or []
+            n_bounds = len(raw) if isinstance(raw, (list, tuple)) else 0
+            if C - 1 - n_bounds < 0:
+                raise ValueError(f"meta: {n_bounds} extent_bounds leave no match classes in {C} classes")
+            self.meta["extent_bounds"] = _extent_bounds("meta:", raw, C - 1 - n_bounds)
+            self.meta["max_match"] = C - 1 - n_bounds
             mm = self.meta.get("min_match")
-            if isinstance(mm, int) and mm > C - 1:  # a prior of more classes than this table keeps
+            if isinstance(mm, int) and mm > self.meta["max_match"]:  # a prior of more classes than kept
                 self.meta["min_match"] = None
+        # raw prior evidence (zeros where there is none), kept for to_dict; pseudo-counts as rescaled
+        self._raw_a = [[0.0] * g for _ in range(C)]
+        self._raw_t = [[0.0] * g for _ in range(C)]
+        if pa is not None:
+            if lookup and pmeta["kind"] == "lookup":
+                rows = _class_map(self.meta["max_match"], self.meta["extent_bounds"], pmeta)
+            else:
+                rows = [[c] for c in range(min(C, len(pa)))]
+            for c, pooled in enumerate(rows):
+                for src in pooled:
+                    for j in range(min(g, len(pa[src]))):
+                        self._raw_a[c][j] += pa[src][j]
+                        self._raw_t[c][j] += pt[src][j]
         self._pa = [[0.0] * g for _ in range(C)]
         self._pt = [[0.0] * g for _ in range(C)]
         w = self.prior_weight
@@ -380,6 +441,7 @@ class AcceptanceTable:
             "kind": m.get("kind", "lookup"),
             "min_match": m.get("min_match"),
             "max_match": m.get("max_match"),
+            **({"extent_bounds": list(m["extent_bounds"])} if m.get("extent_bounds") else {}),
             "gamma": self.gamma,
             "temperature": m.get("temperature"),
             "accepts": acc,
@@ -395,6 +457,7 @@ class AcceptanceTable:
         *,
         num_classes: int | None = None,
         gamma: int | None = None,
+        meta: Mapping[str, Any] | None = None,
         where: str = "table",
     ) -> AcceptanceTable:
         """A table with ``d`` as its prior (rescaled to ``prior_weight``), of ``d``'s shape unless given.
@@ -407,13 +470,38 @@ class AcceptanceTable:
             Most pseudo-trials per cell.
         num_classes, gamma : int, optional
             Shape of the table (default: the file's); see the constructor for cells outside the prior.
+        meta : dict, optional
+            As the constructor's (``extent_bounds`` here lays out a lookup table's classes; default: the
+            file's layout when ``num_classes`` is not given, else none).
         where : str
             What the error messages name (a file path for :meth:`load`).
         """
-        accepts, _, _ = _parse(d, where)
+        accepts, _, pmeta = _parse(d, where)
         C = len(accepts) if num_classes is None else num_classes
         g = d["gamma"] if gamma is None else gamma
-        return cls(C, g, prior=dict(d), prior_weight=prior_weight)
+        if num_classes is None and meta is None and pmeta["kind"] == "lookup":
+            meta = {"extent_bounds": pmeta["extent_bounds"]}
+        return cls(C, g, prior=dict(d), prior_weight=prior_weight, meta=meta)
+
+    @classmethod
+    def for_lookup(
+        cls,
+        config: LookupConfig,
+        gamma: int,
+        prior: Mapping[str, Any] | str | os.PathLike | None = None,
+        prior_weight: float = 20.0,
+    ) -> AcceptanceTable:
+        """A lookup table with the classes of :func:`~dspark.decoding.lookup.match_class` for ``config``
+        (``num_match_classes(config)`` of them), from ``prior`` (a table dict, a file path, or None)."""
+        layout = {"kind": "lookup", "extent_bounds": list(extent_bounds(config))}
+        C = num_match_classes(config)
+        if isinstance(prior, (str, os.PathLike)):
+            return cls.load(prior, prior_weight, num_classes=C, gamma=gamma, meta=layout)
+        if prior is not None and not isinstance(prior, Mapping):
+            raise TypeError(f"prior: expected a path, a dict or None, got {type(prior).__name__}")
+        return cls(
+            C, gamma, prior=None if prior is None else dict(prior), prior_weight=prior_weight, meta=layout
+        )
 
     def save(self, path: str | os.PathLike) -> None:
         """Write :meth:`to_dict` as JSON to ``path`` atomically (a temporary file, then ``os.replace``)."""
@@ -451,6 +539,7 @@ class AcceptanceTable:
         *,
         num_classes: int | None = None,
         gamma: int | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> AcceptanceTable:
         """Read a file written by :meth:`save` (or ``dspark calibrate``'s ``lookup_prior.json``) as a prior.
 
@@ -466,7 +555,9 @@ class AcceptanceTable:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON: {e}") from e
-        return cls.from_dict(d, prior_weight, num_classes=num_classes, gamma=gamma, where=str(path))
+        return cls.from_dict(
+            d, prior_weight, num_classes=num_classes, gamma=gamma, meta=meta, where=str(path)
+        )
 
     def __repr__(self) -> str:
         obs = int(sum(sum(r) for r in self._tri))

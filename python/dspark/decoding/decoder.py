@@ -98,7 +98,7 @@ class DSparkDecoder:
         more tokens per unit of verify cost (the choice never looks at a drafted token: exact); without one,
         this is prompt-lookup decoding. ``True``: ``LookupConfig()``. Default off.
     lookup_prior : path, dict or None
-        Prior of the lookup acceptance by (match length, position): ``lookup_prior.json`` as ``dspark calibrate``
+        Prior of the lookup acceptance by (match class, position): ``lookup_prior.json`` as ``dspark calibrate``
         writes it (next to ``sts.json``); None: a weak default. The decoder refines it online from every
         committed token.
     cuda_graphs : bool or GraphBuckets
@@ -501,14 +501,11 @@ def _lookup_config(lookup: Any) -> LookupConfig | None:
 
 
 def _lookup_table(config: LookupConfig | None, prior: Any, gamma: int) -> AcceptanceTable | None:
-    """The lookup acceptance table (classes = match lengths 0 .. max_match), from ``prior`` when given."""
+    """The lookup acceptance table (classes of :func:`match_class`), from ``prior`` when given."""
     if config is None:
         if prior is not None:
             raise ValueError("lookup_prior: given without lookup (pass lookup=True or a LookupConfig)")
         return None
-    classes = config.max_match + 1
-    if isinstance(prior, (str, Path)):
-        return AcceptanceTable.load(prior, num_classes=classes, gamma=gamma)
-    if prior is not None and not isinstance(prior, dict):
+    if prior is not None and not isinstance(prior, (str, Path, dict)):
         raise TypeError(f"lookup_prior: expected a path, a dict or None, got {type(prior).__name__}")
-    return AcceptanceTable(classes, gamma, prior=prior)
+    return AcceptanceTable.for_lookup(config, gamma, prior)

@@ -17,6 +17,18 @@ continuation runs into the end of the history. The occurrence may overlap the su
 token known to follow it), as prompt-lookup implementations do. With no earlier occurrence for any ``n`` the
 proposal is ``[]``.
 
+How sure a match is
+-------------------
+The suffix usually agrees with its occurrence for longer than ``n`` tokens: ``match_extent`` is the length of
+their common suffix (``h[e - x:e] == h[L - x:L]``), counted backwards from ``n`` and capped at the last of the config's
+``extent_bounds`` (:data:`EXTENT_BOUNDS` by default). It says whether the text is copying a long passage (or looping) or merely shares a
+few tokens with an earlier place, and the chance that deep drafts are right differs by an order of magnitude
+between the two (greedy SmolLM2-135M, 4-token matches: 16 drafts all right 0.11–0.19 of the time for extents
+4–5, 0.77–1.0 for extents >= 48; docs/lookup.md). :func:`match_class` turns ``(n, extent)`` into the class an
+acceptance table keeps its counts under. For ``n < max_match`` the extent is ``n`` itself (a longer common
+suffix would have matched a longer n-gram), so only ``max_match`` matches are split further. Like the
+proposal, the extent is a function of the history alone.
+
 Lookup without any history: an index with an empty history (or one shorter than ``min_match + 1`` tokens,
 which cannot hold an earlier occurrence) proposes nothing — ``propose`` returns ``[]`` and sets
 ``match_length`` to 0; it is not an error.
@@ -36,7 +48,17 @@ import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["HYBRID_LOOKUP_TOKENS", "LOOKUP_ALONE_TOKENS", "LookupConfig", "LookupIndex", "lookup_width"]
+__all__ = [
+    "EXTENT_BOUNDS",
+    "HYBRID_LOOKUP_TOKENS",
+    "LOOKUP_ALONE_TOKENS",
+    "LookupConfig",
+    "LookupIndex",
+    "extent_bounds",
+    "lookup_width",
+    "match_class",
+    "num_match_classes",
+]
 
 # Tokens a lookup block holds when ``LookupConfig.max_tokens`` is None. In hybrid rounds it is wider than the
 # drafter's γ: a long match is often right far past it (greedy SmolLM2-135M: 65 % of 4-token-match proposals
@@ -45,6 +67,11 @@ __all__ = ["HYBRID_LOOKUP_TOKENS", "LOOKUP_ALONE_TOKENS", "LookupConfig", "Looku
 # 2-core CPU (docs/benchmarks.md "Lookup blocks wider than γ").
 HYBRID_LOOKUP_TOKENS = 16
 LOOKUP_ALONE_TOKENS = 8
+
+# Lower bounds of the match extents that get a class of their own past ``max_match`` (those above it apply):
+# roughly geometric, since the survival of deep drafts climbs with the extent's logarithm in the counts of
+# docs/lookup.md; the last is also where the backward comparison stops.
+EXTENT_BOUNDS = (6, 8, 12, 16, 24, 32, 48)
 
 # Chunks this long or longer are indexed with zip (a few microseconds to set up per n, then faster per token)
 _BULK = 32
@@ -74,17 +101,27 @@ class LookupConfig:
         Tokens one proposal holds at most (>= 1). ``None``: a decoder's default lookup width (16 in hybrid rounds,
         8 for lookup decoding alone; :func:`lookup_width`), and no cap in :meth:`LookupIndex.propose` beyond its
         ``k``.
+    extent_bounds : tuple of int
+        Match extents at which a ``max_match`` match enters a class of its own in the acceptance tables
+        (strictly increasing, >= 1; those at or below ``max_match`` are ignored). ``()`` classes by match
+        length alone. Default :data:`EXTENT_BOUNDS`.
     """
 
     min_match: int = 2
     max_match: int = 4
     max_tokens: int | None = None
+    extent_bounds: tuple[int, ...] = EXTENT_BOUNDS
 
     def __post_init__(self) -> None:
         _check_int("min_match", self.min_match, 1, ">= 1")
         _check_int("max_match", self.max_match, self.min_match, f">= min_match ({self.min_match})")
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, ">= 1 or None")
+        b = self.extent_bounds
+        if not isinstance(b, tuple) or not all(
+            type(x) is int and x > lo for x, lo in zip(b, (0, *b), strict=False)
+        ):
+            raise ValueError(f"extent_bounds: must be a tuple of strictly increasing ints >= 1, got {b!r}")
 
 
 def _as_token(t: object) -> int:
@@ -109,9 +146,12 @@ class LookupIndex:
     match_length : int
         The ``n`` whose occurrence produced the last proposal; 0 when that proposal was empty (no match,
         ``k = 0``, or no proposal made yet).
+    match_extent : int
+        How far that occurrence agrees with the history's suffix, in ``[match_length, max(match_length,
+        max(config.extent_bounds))]``; 0 with ``match_length``.
     """
 
-    __slots__ = ("config", "match_length", "_history", "_ends", "_lengths")
+    __slots__ = ("config", "match_length", "match_extent", "_history", "_ends", "_lengths", "_extent_cap")
 
     def __init__(self, config: LookupConfig | None = None) -> None:
         if config is None:
@@ -120,6 +160,8 @@ class LookupIndex:
             raise ValueError(f"config: must be a LookupConfig, got {type(config).__name__}")
         self.config = config
         self.match_length = 0
+        self.match_extent = 0
+        self._extent_cap = max((config.max_match, *config.extent_bounds))
         self._history: list[int] = []
         # n-gram tuple -> latest end position e (exclusive) with a token h[e] after it
         self._ends: dict[tuple[int, ...], int] = {}
@@ -184,7 +226,7 @@ class LookupIndex:
         list of int
             The proposal, possibly shorter than ``k``; ``[]`` when no suffix of length in
             ``[min_match, max_match]`` occurred earlier (always so for an empty history). Sets
-            :attr:`match_length`.
+            :attr:`match_length` and :attr:`match_extent`.
 
         Raises
         ------
@@ -196,7 +238,7 @@ class LookupIndex:
         cap = self.config.max_tokens
         if cap is not None and k > cap:
             k = cap
-        self.match_length = 0
+        self.match_length = self.match_extent = 0
         h = self._history
         L = len(h)
         if k == 0:
@@ -208,8 +250,32 @@ class LookupIndex:
             e = ends.get(tuple(h[L - n :]))
             if e is not None:
                 self.match_length = n
+                x, cap = n, self._extent_cap
+                if n == self.config.max_match:  # shorter matches cannot extend (module docstring)
+                    while x < cap and x < e and h[e - 1 - x] == h[L - 1 - x]:
+                        x += 1
+                self.match_extent = x
                 return h[e : e + k]
         return []
+
+
+def extent_bounds(config: LookupConfig) -> tuple[int, ...]:
+    """The config's ``extent_bounds`` above its ``max_match``: each starts a class of longer extents."""
+    return tuple(b for b in config.extent_bounds if b > config.max_match)
+
+
+def num_match_classes(config: LookupConfig) -> int:
+    """Classes of :func:`match_class`: 0 (no match), the match lengths ``1 .. max_match``, then one per
+    bound of :func:`extent_bounds`."""
+    return config.max_match + 1 + len(extent_bounds(config))
+
+
+def match_class(config: LookupConfig, match_length: int, match_extent: int) -> int:
+    """The acceptance class of a proposal: its match length below ``max_match``; for a ``max_match`` match,
+    ``max_match`` plus the number of :func:`extent_bounds` that its extent reaches."""
+    if match_length < config.max_match:
+        return match_length
+    return match_length + sum(1 for b in extent_bounds(config) if match_extent >= b)
 
 
 def lookup_width(config: LookupConfig, gamma: int, with_drafter: bool) -> int:

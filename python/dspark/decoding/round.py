@@ -61,7 +61,7 @@ class Engine(Protocol):
     host: HostReader
     round_observer: Callable[[RoundRecord], None] | None
     lookup: LookupConfig | None  # lookup drafts on (the index's match rule), or off
-    lookup_acceptance: AcceptanceTable | None  # lookup acceptance by (match length, position)
+    lookup_acceptance: AcceptanceTable | None  # lookup acceptance by (match class, position)
     draft_acceptance: AcceptanceTable | None  # the drafter's conditional acceptance by position
     drafter_yield: DrafterYield  # tokens and rows the drafter's blocks returned (whether it pays its time)
 
@@ -487,7 +487,7 @@ def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int]) -> 
     would have matched (whichever block was verified: the committed tokens follow the target's law), the
     drafter's from its verified block."""
     if r.lookup is not None and r.lookup.lengths[i]:
-        engine.lookup_acceptance.observe_continuation(r.lookup.match_lengths[i], r.lookup.proposals[i], kept)
+        engine.lookup_acceptance.observe_continuation(r.lookup.classes[i], r.lookup.proposals[i], kept)
     lookup_row = r.one_hot_host is not None and r.one_hot_host[i]
     if r.run_drafter and not lookup_row:
         engine.draft_acceptance.observe(DRAFTER_CLASS, int(r.verify_len[i]) - 1, r.accepted_host[i])

@@ -3,7 +3,8 @@
 
 Each request's history proposes a lookup block (:class:`dspark.decoding.lookup.LookupIndex`); its survival —
 the predicted probability that its first ``j + 1`` drafts are all accepted — comes from an
-:class:`~dspark.decoding.acceptance.AcceptanceTable` by (match length, position). The drafter's block is scored
+:class:`~dspark.decoding.acceptance.AcceptanceTable` by (match class, position), the class being the match
+length and, for the longest matches, how far the match extends (:func:`~dspark.decoding.lookup.match_class`). The drafter's block is scored
 from its first slot's survival (confidence head + STS: a function of the anchor alone) times the drafter's own
 conditional acceptance of the later slots, kept in a second table. A request takes the block with the larger
 predicted tokens per unit of verify cost.
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from dspark.decoding.acceptance import AcceptanceTable
-from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.decoding.lookup import LookupConfig, LookupIndex, match_class
 from dspark.decoding.planner import Planner
 from dspark.decoding.request import Request
 from dspark.models.config import DrafterConfig
@@ -38,7 +39,7 @@ __all__ = [
     "new_copy_index",
 ]
 
-# the drafter's conditional acceptance has one class (lookup tables have one per match length)
+# the drafter's conditional acceptance has one class (lookup tables have one per match class)
 DRAFTER_CLASS = 0
 # a drafter skipped because it does not pay runs again after this many rounds: its acceptance is learnt only
 # from rounds it drafts, so a pessimistic estimate must not lock it out
@@ -59,8 +60,9 @@ class LookupBlock:
         ``(R, g)`` int64: each row's proposal, then zeros (never verified: ``lengths`` bound the plan).
     lengths : list of int
         Tokens proposed per request (0: no match).
-    match_lengths : list of int
-        The suffix length that matched per request (0: none).
+    classes : list of int
+        Each proposal's acceptance class (:func:`~dspark.decoding.lookup.match_class`: match length and
+        extent; 0: no match).
     proposals : list of list of int
         The proposals themselves (for the shadow observation at commit).
     survival : Tensor
@@ -69,7 +71,7 @@ class LookupBlock:
 
     tokens: Tensor
     lengths: list[int]
-    match_lengths: list[int]
+    classes: list[int]
     proposals: list[list[int]]
     survival: Tensor
 
@@ -80,17 +82,18 @@ class LookupBlock:
 
 def look_up(requests: list[Request], width: int, table: AcceptanceTable) -> LookupBlock:
     """Each request's lookup proposal of up to ``width`` tokens and its predicted survival ``(R, width)``."""
-    proposals, matches = [], []
+    proposals, classes = [], []
     for req in requests:
-        proposals.append(req.lookup.propose(width) if req.lookup is not None else [])
-        matches.append(req.lookup.match_length if req.lookup is not None else 0)
+        index = req.lookup
+        proposals.append(index.propose(width) if index is not None else [])
+        classes.append(match_class(index.config, index.match_length, index.match_extent) if index else 0)
     lengths = [len(p) for p in proposals]
     tokens = torch.zeros(len(requests), width, dtype=torch.int64)
     for i, p in enumerate(proposals):
         if p:
             tokens[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
-    survival = table.survival(matches, lengths, width)
-    return LookupBlock(tokens, lengths, matches, proposals, survival)
+    survival = table.survival(classes, lengths, width)
+    return LookupBlock(tokens, lengths, classes, proposals, survival)
 
 
 def new_copy_index(config: DrafterConfig, history: list[int]) -> LookupIndex:

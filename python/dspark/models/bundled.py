@@ -9,7 +9,7 @@ labels, for temperature-0 decoding), ``costs.json``
 (dspark's table of draft and verify cost by batch size on the machine kind it was profiled on), ``sps.json``
 (SGLang's 1-D export of that table), ``draft_vocab.json`` (the token ids it drafts from, loaded by
 ``DSparkDrafter.from_pretrained``; see docs/drafter.md) and ``lookup_prior.json`` (the acceptance of lookup
-drafts by match length and position that ``dspark calibrate`` measured, the prior of hybrid rounds).
+drafts by match class and position that ``dspark calibrate`` measured, the prior of hybrid rounds).
 """
 
 from __future__ import annotations
