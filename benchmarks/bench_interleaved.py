@@ -16,8 +16,9 @@ decoding), ``hybrid`` (drafter + lookup); a ``+measured`` suffix adds ``measure_
 suffix runs the drafter in every round (the rule of docs/lookup.md "Whether the drafter runs" switched off, for
 an A/B of it), a ``+local`` suffix plans with this machine's cost table (``dspark.profiling.local_cost_table``:
 cached, or profiled before the first repeat) instead of ``--costs``, a ``+w<N>`` suffix caps lookup proposals at
-``N`` tokens (``LookupConfig(max_tokens=N)``; default 16 for hybrid, 8 for lookup). The drafter is the bundled
-one (its cost table, STS and lookup prior).
+``N`` tokens (``LookupConfig(max_tokens=N)``; default 16 for hybrid, 8 for lookup), a ``+noextent`` suffix
+classes lookup acceptance by match length alone (``LookupConfig(extent_bounds=())``: the prior's extent classes
+pooled). The drafter is the bundled one (its cost table, STS and lookup prior).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS),
-        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+w<N>]",
+        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+noextent] [+w<N>]",
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument(
@@ -76,10 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     for m in args.methods:
         options = {o for o in m.split("+")[1:] if not _width_option(o)}
-        if m.split("+")[0] not in METHODS or not options <= {"measured", "always", "local"}:
+        if m.split("+")[0] not in METHODS or not options <= {"measured", "always", "local", "noextent"}:
             ap.error(
                 f"--methods: {m!r} is not one of {METHODS} (optionally with +measured / +always / +local / "
-                "+w<N>, N >= 1)"
+                "+noextent / +w<N>, N >= 1)"
             )
     if "engine" not in args.methods:
         args.methods.insert(0, "engine")  # every ratio is to it
@@ -101,7 +102,10 @@ def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.
     base, options = name.split("+")[0], set(name.split("+")[1:])
     drafter = bench["drafter"] if base in ("dspark", "hybrid") else None
     widths = [w for w in map(_width_option, options) if w is not None]
-    lookup = base in ("lookup", "hybrid") and (LookupConfig(max_tokens=widths[-1]) if widths else True)
+    config = {"max_tokens": widths[-1]} if widths else {}
+    if "noextent" in options:
+        config["extent_bounds"] = ()
+    lookup = base in ("lookup", "hybrid") and LookupConfig(**config)
     with contextlib.ExitStack() as stack:
         if "always" in options:  # the drafter runs whatever it is predicted to return
             stack.enter_context(mock.patch.object(round_module, "drafter_pays", lambda *a, **k: True))

@@ -5,8 +5,8 @@ An :class:`AcceptanceTable` estimates the conditional acceptance ``a(c, j) = P(d
 0..j-1 accepted)`` for classes ``c`` in ``[0, C)`` and positions ``j`` in ``[0, γ)``. For the lookup drafter the
 class is :func:`~dspark.decoding.lookup.match_class`: the match length ``n`` of the proposal (``0..max_match``;
 class 0 never proposes), and for ``max_match`` matches one class more per extent bound the match reaches
-(``extent_bounds``, in the file). Each cell is a
-Beta-style ratio of pseudo-counts (the prior) plus observed counts::
+(``extent_bounds``, in the file). Each cell is a Beta-style ratio of pseudo-counts (the prior) plus observed
+counts::
 
     a(c, j) = (prior_accepts[c, j] + accepts[c, j]) / (prior_trials[c, j] + trials[c, j])
 
@@ -217,9 +217,10 @@ class AcceptanceTable:
         ``prior_weight`` pseudo-trials. Cells outside its classes or positions (a prior of another shape) and
         cells without prior trials get the weak default ``a = 0.5`` with 2 pseudo-trials. A lookup prior
         whose classes are laid out otherwise (another ``max_match`` or ``extent_bounds``; files written
-        before extents were classed have none) gives each class the counts of its class that holds the
-        same shortest extent, so a class the prior did not split starts from the class it was part of, and
-        a class the prior split in several pools their counts.
+        before extents were classed have none) gives each class the pooled counts of the prior's classes
+        whose shortest ``(match length, extent)`` falls in it, or, where none does, those of the prior class
+        holding the class's own shortest one: a class the prior split is pooled back, a class it did not
+        split starts from the class it was part of.
     prior_weight : float
         Most pseudo-trials a cell takes from the prior; finite and > 0.
     meta : dict, optional
