@@ -47,8 +47,8 @@ def lookup_prior_from_sequences(
     -------
     AcceptanceTable
         The raw counts in its observations (no prior), ``meta`` holding ``min_match``, ``max_match`` and
-        ``extent_bounds``;
-        ``to_dict()`` is the prior file (set ``meta["temperature"]`` and ``meta["source"]`` first).
+        ``extent_bounds``; ``to_dict()`` is the prior file (set ``meta["temperature"]`` and ``meta["source"]``
+        first).
     """
     if not isinstance(config, LookupConfig):
         raise ValueError(f"config: must be a LookupConfig, got {type(config).__name__}")

@@ -20,9 +20,9 @@ proposal is ``[]``.
 How sure a match is
 -------------------
 The suffix usually agrees with its occurrence for longer than ``n`` tokens: ``match_extent`` is the length of
-their common suffix (``h[e - x:e] == h[L - x:L]``), counted backwards from ``n`` and capped at the last of the config's
-``extent_bounds`` (:data:`EXTENT_BOUNDS` by default). It says whether the text is copying a long passage (or looping) or merely shares a
-few tokens with an earlier place, and the chance that deep drafts are right differs by an order of magnitude
+their common suffix (``h[e - x:e] == h[L - x:L]``), counted backwards from ``n`` and capped at the last of the
+config's ``extent_bounds`` (:data:`EXTENT_BOUNDS` by default). It says whether the text is copying a long
+passage (or looping) or merely shares a few tokens with an earlier place, and the chance that deep drafts are right differs by an order of magnitude
 between the two (greedy SmolLM2-135M, 4-token matches: 16 drafts all right 0.11–0.19 of the time for extents
 4–5, 0.77–1.0 for extents >= 48; docs/lookup.md). :func:`match_class` turns ``(n, extent)`` into the class an
 acceptance table keeps its counts under. For ``n < max_match`` the extent is ``n`` itself (a longer common
@@ -69,8 +69,8 @@ HYBRID_LOOKUP_TOKENS = 16
 LOOKUP_ALONE_TOKENS = 8
 
 # Lower bounds of the match extents that get a class of their own past ``max_match`` (those above it apply):
-# roughly geometric, since the survival of deep drafts climbs with the extent's logarithm in the counts of
-# docs/lookup.md; the last is also where the backward comparison stops.
+# roughly geometric, since the counts of docs/lookup.md change most between short extents; the last is also
+# where the backward comparison stops.
 EXTENT_BOUNDS = (6, 8, 12, 16, 24, 32, 48)
 
 # Chunks this long or longer are indexed with zip (a few microseconds to set up per n, then faster per token)

@@ -4,9 +4,9 @@
 Each request's history proposes a lookup block (:class:`dspark.decoding.lookup.LookupIndex`); its survival —
 the predicted probability that its first ``j + 1`` drafts are all accepted — comes from an
 :class:`~dspark.decoding.acceptance.AcceptanceTable` by (match class, position), the class being the match
-length and, for the longest matches, how far the match extends (:func:`~dspark.decoding.lookup.match_class`). The drafter's block is scored
-from its first slot's survival (confidence head + STS: a function of the anchor alone) times the drafter's own
-conditional acceptance of the later slots, kept in a second table. A request takes the block with the larger
+length and, for the longest matches, how far the match extends (:func:`~dspark.decoding.lookup.match_class`).
+The drafter's block is scored from its first slot's survival (confidence head + STS: a function of the anchor
+alone) times the drafter's own conditional acceptance of the later slots, kept in a second table. A request takes the block with the larger
 predicted tokens per unit of verify cost.
 
 Exactness (DESIGN §4.5): the choice reads the history, the lookup match and the first slot's confidence, never
