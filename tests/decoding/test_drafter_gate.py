@@ -16,7 +16,7 @@ import torch
 import dspark.decoding.round as round_mod
 from dspark import DSparkDecoder, Planner
 from dspark.decoding.acceptance import AcceptanceTable
-from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.decoding.lookup import LookupConfig, LookupIndex, match_class
 from dspark.decoding.sources import DRAFTER_PROBE_ROUNDS, DrafterYield, drafter_pays, look_up
 from dspark.decoding.tables import CostTable, DraftCost, SpsTable, VerifyCost
 from tests.decoding.test_decoder_sampling import (
@@ -204,3 +204,20 @@ def test_pending_rows_are_bounded_without_the_drafter(monkeypatch):
     finally:
         dec.close()
     assert held and max(held) < 5
+
+
+def test_look_up_scores_a_block_by_its_match_extent():
+    cfg = LookupConfig(2, 4)
+    table = AcceptanceTable.for_lookup(cfg, 4)
+    loop_class = match_class(cfg, 4, 48)
+    for _ in range(100):
+        table.observe(loop_class, 4, 4)  # loops were always right; fresh 4-token matches keep the 0.5 default
+    loop, fresh = History([]), History([])
+    loop.lookup, fresh.lookup = LookupIndex(cfg), LookupIndex(cfg)
+    loop.lookup.extend([1, 2, 3] * 30)
+    fresh.lookup.extend([9, 1, 2, 3, 4, 8, 1, 2, 3, 4])  # the 4-gram's occurrence agrees for 4 tokens only
+    block = look_up([loop, fresh], 4, table)
+    assert block.classes == [loop_class, 4] and block.lengths == [3, 4]  # the loop's copy runs into the end
+    assert block.survival[0, 2] > 0.9 and block.survival[1].tolist() == pytest.approx(
+        [0.5, 0.25, 0.125, 0.0625]
+    )
