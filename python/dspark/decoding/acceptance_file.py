@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from dspark.decoding.lookup import class_index
+
 __all__ = ["FORMAT", "VERSION", "check_extent_bounds", "class_map", "parse_table"]
 
 FORMAT = "dspark-acceptance"
@@ -56,13 +58,10 @@ def class_map(max_match: int, bounds: list[int], prior: Mapping[str, Any]) -> li
     def lowers(m: int, b: list[int]) -> list[tuple[int, int]]:
         return [(n, n) for n in range(m + 1)] + [(m, x) for x in b]
 
-    def class_of(m: int, b: list[int], n: int, x: int) -> int:
-        return n if n < m else m + sum(1 for y in b if x >= y)
-
     pm, pb = prior["max_match"], prior["extent_bounds"]
-    mine = [class_of(max_match, bounds, n, x) for n, x in lowers(pm, pb)]
+    mine = [class_index(max_match, bounds, n, x) for n, x in lowers(pm, pb)]
     return [
-        [p for p, c in enumerate(mine) if c == t] or [class_of(pm, pb, n, x)]
+        [p for p, c in enumerate(mine) if c == t] or [class_index(pm, pb, n, x)]
         for t, (n, x) in enumerate(lowers(max_match, bounds))
     ]
 

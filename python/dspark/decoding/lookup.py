@@ -45,7 +45,7 @@ answers the rule's "most recent earlier occurrence" directly. ``extend`` costs `
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "LOOKUP_ALONE_TOKENS",
     "LookupConfig",
     "LookupIndex",
+    "class_index",
     "extent_bounds",
     "lookup_width",
     "match_class",
@@ -273,9 +274,15 @@ def num_match_classes(config: LookupConfig) -> int:
 def match_class(config: LookupConfig, match_length: int, match_extent: int) -> int:
     """The acceptance class of a proposal: its match length below ``max_match``; for a ``max_match`` match,
     ``max_match`` plus the number of :func:`extent_bounds` that its extent reaches."""
-    if match_length < config.max_match:
+    return class_index(config.max_match, extent_bounds(config), match_length, match_extent)
+
+
+def class_index(max_match: int, bounds: Sequence[int], match_length: int, match_extent: int) -> int:
+    """:func:`match_class` for a class layout given by ``max_match`` and its extent ``bounds`` (all above it),
+    as an acceptance file records it."""
+    if match_length < max_match:
         return match_length
-    return match_length + sum(1 for b in extent_bounds(config) if match_extent >= b)
+    return max_match + sum(1 for b in bounds if match_extent >= b)
 
 
 def lookup_width(config: LookupConfig, gamma: int, with_drafter: bool) -> int:
