@@ -5,7 +5,8 @@ The z-lab DFlash config plus the heads' fields in ``dflash_config`` (``markov_ra
 ``enable_confidence_head`` / ``confidence_head_alpha``, ``confidence_head_with_markov``, ``attention_mode``);
 tensors as DeepSpec names them, no ``embed_tokens`` / ``lm_head``. SpecForge drafts from slots
 ``1 .. block_size - 1`` with the anchor as the Markov head's first previous token, so it is
-``sample_from_anchor=false`` in dspark. Writing refuses what its loader cannot build (docs/file-formats.md).
+``sample_from_anchor=false`` in dspark. Writing refuses what its loader cannot build and copies the heads' fields
+and ``sample_from_anchor: false`` to the top level, where SGLang reads them (docs/file-formats.md).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def read(path: str | os.PathLike) -> Packaged:
         raise ValueError(
             f"{where}: field dflash_config.projector_type = {projector!r}: a DSparkDraftModel needs 'dspark' "
             "(known projectors: 'dflash', 'dspark')"
+        )
+    if doc.get("sample_from_anchor", False) is not False:
+        raise ValueError(
+            f"{where}: field sample_from_anchor = {doc['sample_from_anchor']!r}: SpecForge's DSparkDraftModel "
+            "drafts from slots 1 .. block_size - 1 (false, or absent)"
         )
     out = dflash.family_config(doc, where)
     for key in HEAD_FIELDS:  # nested first, the top level as SGLang's export normaliser accepts it too
@@ -103,6 +109,11 @@ def write(path: str | os.PathLike, p: Packaged) -> None:
         block_size=cfg.block_slots,
         dflash_config=method,
     )
+    if heads:
+        # SGLang's DSpark model reads the heads' fields from the top level and defaults to drafting from the
+        # anchor's slot (sglang 0.5.23 models/dspark.py:386-397, dspark_config.py:29-31); SpecForge reads them
+        # nested or at the top level and ignores sample_from_anchor (docs/file-formats.md, "specforge")
+        doc.update({key: method[key] for key in HEAD_FIELDS}, sample_from_anchor=False)
     if cfg.num_target_layers is not None:
         doc["num_target_layers"] = cfg.num_target_layers
     root = Path(path)
