@@ -63,6 +63,8 @@ from speculators_check_common import (  # noqa: E402  (puts the repository on sy
 )
 
 from dspark import DSparkDrafter  # noqa: E402
+from dspark.models import packagings  # noqa: E402
+from dspark.models.packagings.sglang import serving_notes  # noqa: E402
 from tests.decoding.toy_models import random_drafter  # noqa: E402
 from tests.models.tiny import tiny_model  # noqa: E402
 
@@ -159,7 +161,7 @@ def check_served(
             lost = sorted(n for n in file if n.startswith(dropped) and dropped)
             placed = [n for n in lost if sh.sglang_slice(params, n, model)[1] is not None]
             expect(not placed and bool(lost) == bool(dropped), f"dspark-only tensors {lost}, placed {placed}")
-            st[mode] = model
+            st[mode], st["lost"] = model, lost
             from_target = sorted({n for n in file if n.startswith(TARGET_OWNED)})
             note = f"{type(model).__name__}, {len(file)} tensors"
             note += f"; the target's instead: {from_target}" if from_target else ""
@@ -191,6 +193,19 @@ def check_served(
         expect(not diff, f"(SGLang, dspark) differ: {diff}")
         return ", ".join(f"{k} {v}" for k, v in got.items())
 
+    def notes():
+        said = serving_notes(packagings.read(folder), fmt)
+        dspark_algo = algorithm == "DSPARK"  # DFLASH's block_size counts the anchor, and it has no heads
+        seen = {
+            "gamma": dspark_algo and not c.sample_from_anchor,  # what resolve_runtime_config did (above)
+            "skips": bool(st.get("lost")),
+            "vocabulary": d.draft_vocab is not None,
+            "static": dspark_algo and not c.enable_confidence_head,
+        }
+        told = {k: any(k in n for n in said) for k in seen}
+        expect(told == seen and len(said) == sum(seen.values()), f"notes {said} for {seen}")
+        return "; ".join(said) or "none (served as trained)"
+
     check(f"[{name}] dspark writes format={fmt!r}", write)
     if "doc" not in st:
         return
@@ -203,6 +218,7 @@ def check_served(
     check(f"[{name}] SGLang loader (ragged verify cap-accept): the confidence head too", loads("cap-accept"))
     if "cap-accept" in st:
         check(f"[{name}] SGLang's built draft agrees with dspark's config", heads)
+        check(f"[{name}] dspark convert's SGLang notes say what SGLang did", notes)
 
 
 def check_refused(name: str, d: DSparkDrafter, target_dir: Path, out: Path, what: str, mode: str) -> None:
@@ -219,7 +235,13 @@ def check_refused(name: str, d: DSparkDrafter, target_dir: Path, out: Path, what
             return f"{type(e).__name__}: {str(e)[:100]}"
         raise AssertionError("SGLang loaded it silently")
 
+    def noted():
+        said = serving_notes(packagings.read(folder), "deepspec")
+        expect(any(w in n for n in said for w in ("cannot serve", "refuses", "static")), f"notes {said}")
+        return "; ".join(said)
+
     check(f"[{name}] SGLang refuses {what} loudly (ragged verify {mode})", refused)
+    check(f"[{name}] dspark convert's SGLang notes say so", noted)
 
 
 def negative_controls(d: DSparkDrafter, target_dir: Path, out: Path) -> None:

@@ -152,7 +152,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     """Convert a drafter checkpoint folder between packagings (docs/file-formats.md)."""
-    from dspark.models.packagings import convert
+    from dspark.models.packagings import convert, read
+    from dspark.models.packagings.sglang import VERSION, serving_notes
 
     try:
         source = convert(args.src, args.dst, args.format, force=args.force, verifier=args.verifier)
@@ -160,6 +161,8 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"dspark convert: {e}", file=sys.stderr)
         return 2
     print(f"dspark convert: {args.src} ({source}) -> {args.dst} ({args.format})")
+    for note in serving_notes(read(args.dst), args.format):
+        print(f"dspark convert: note (SGLang {VERSION}): {note}", file=sys.stderr)
     return 0
 
 

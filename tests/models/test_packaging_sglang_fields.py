@@ -10,9 +10,12 @@ import pytest
 import torch
 
 from dspark import DSparkDrafter
+from dspark.cli import main as cli_main
 from dspark.models import packagings
+from dspark.models.packagings.sglang import serving_notes
 from tests.models.drafter_fixtures import tiny_qwen3_target
 from tests.models.test_packaging_specforge_fields import no_anchor
+from tests.models.test_packagings import IDS
 
 HEAD_FIELDS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
@@ -85,3 +88,62 @@ def test_deepspec_layout_names_what_sglang_serves_it_as(tmp_path, target):
         d.config.mask_token_id,
     )
     assert doc["target_layer_ids"] == [0, 2, 4]
+
+
+# ---- what dspark convert says about SGLang ----------------------------------------------------------------------
+def packaged(tmp_path, target, name, *, anchor=True, vocab=False, **kw):
+    torch.manual_seed(0)
+    d = DSparkDrafter.from_config(
+        target, block_size=3, target_layer_ids=[0, 2, 4], initializer_range=0.2, **kw
+    )
+    if not anchor:
+        d = no_anchor(tmp_path / name, target, **kw)
+    if vocab:
+        d.set_draft_vocab(IDS)
+    d.save_pretrained(tmp_path / name)
+    return packagings.read(tmp_path / name)
+
+
+def test_serving_notes_say_nothing_for_a_drafter_sglang_serves_as_trained(tmp_path, target):
+    p = packaged(tmp_path, target, "plain", markov_rank=6, enable_confidence_head=True)
+    assert serving_notes(p, "deepspec") == []
+    assert serving_notes(p, "speculators") == []  # not a layout SGLang serves
+
+
+@pytest.mark.parametrize(
+    ("kw", "fmt", "said"),
+    [
+        ({"markov_rank": 6, "anchor": False}, "deepspec", "--speculative-num-draft-tokens 3"),
+        ({"markov_rank": 6, "anchor": False}, "specforge", "--speculative-num-draft-tokens 3"),
+        ({"markov_rank": 6, "copy_head": True}, "deepspec", "skips copy_head"),
+        ({"markov_rank": 6, "vocab": True}, "deepspec", f"draft vocabulary ({IDS.numel()} ids)"),
+        ({"markov_rank": 6, "enable_confidence_head": False}, "deepspec", "SGLANG_RAGGED_VERIFY_MODE=static"),
+        ({"markov_rank": 0}, "deepspec", "SGLang cannot serve it"),
+        ({"markov_rank": 0, "anchor": False}, "deepspec", "write format='specforge'"),
+    ],
+)
+def test_serving_notes_name_what_sglang_does_differently(tmp_path, target, kw, fmt, said):
+    notes = serving_notes(packaged(tmp_path, target, "d", **kw), fmt)
+    assert len(notes) == 1 and said in notes[0], notes
+
+
+def test_a_headless_dflash_drafter_in_specforge_layout_is_served_as_trained(tmp_path, target):
+    assert serving_notes(packaged(tmp_path, target, "d", markov_rank=0, anchor=False), "specforge") == []
+
+
+def test_cli_convert_prints_the_sglang_notes(tmp_path, target, capsys):
+    packaged(tmp_path, target, "src", markov_rank=6, anchor=False)
+    assert cli_main(["convert", str(tmp_path / "src"), str(tmp_path / "sf"), "--format", "specforge"]) == 0
+    err = capsys.readouterr().err
+    assert "note (SGLang 0.5.23)" in err and "--speculative-num-draft-tokens 3" in err
+    assert cli_main(["convert", str(tmp_path / "src"), str(tmp_path / "sp"), "--format", "speculators"]) == 0
+    assert "SGLang" not in capsys.readouterr().err
+
+
+def test_cli_convert_of_a_headless_drafter_to_specforge_reads_it_back_as_dflash(tmp_path, target, capsys):
+    # the specforge writer makes a DFlashDraftModel of it, which dspark detects as the dflash packaging
+    packaged(tmp_path, target, "src", markov_rank=0, anchor=False)
+    assert cli_main(["convert", str(tmp_path / "src"), str(tmp_path / "sf"), "--format", "specforge"]) == 0
+    out = capsys.readouterr()
+    assert "(specforge)" in out.out and "SGLang" not in out.err
+    assert packagings.detect(tmp_path / "sf") == "dflash"
