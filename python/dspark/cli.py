@@ -89,9 +89,18 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     # checked before the target loads (minutes for a large model)
     try:
-        lookup = LookupConfig(args.min_match, args.max_match, args.lookup_tokens) if args.lookup else False
+        lookup = (
+            LookupConfig(args.min_match, args.max_match, args.lookup_tokens, corpus_tokens=args.lookup_corpus)
+            if args.lookup
+            else False
+        )
     except ValueError as e:  # the config names the field; say which flag sets it
-        flags = {"min_match": "--min-match", "max_match": "--max-match", "max_tokens": "--lookup-tokens"}
+        flags = {
+            "min_match": "--min-match",
+            "max_match": "--max-match",
+            "max_tokens": "--lookup-tokens",
+            "corpus_tokens": "--lookup-corpus",
+        }
         field = str(e).split(":")[0]
         print(
             f"dspark generate: {flags.get(field, field)} ({field}): {str(e).split(': ', 1)[-1]}",
@@ -249,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="--lookup: most tokens a lookup block holds (default 16 with a drafter, never fewer than its "
         "block; 8 for lookup decoding alone)",
+    )
+    g.add_argument(
+        "--lookup-corpus",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="--lookup: also draft from earlier answers of this run, keeping up to TOKENS tokens of them "
+        "(e.g. 262144, about 80 MB; default 0: off)",
     )
     g.add_argument(
         "--lookup-prior",

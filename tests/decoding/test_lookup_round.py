@@ -302,6 +302,7 @@ def test_lookup_blocks_may_be_wider_than_the_drafters():
             ["--min-match", "3", "--max-match", "2"],
             "--max-match (max_match): must be >= min_match (3), got 2",
         ),
+        (["--lookup-corpus", "-5"], "--lookup-corpus (corpus_tokens): must be >= 0 (0: no corpus), got -5"),
     ],
 )
 def test_the_command_line_names_a_bad_lookup_flag_before_loading(monkeypatch, capsys, flags, message):

@@ -27,6 +27,7 @@ from dspark.decoding.inputs import (
     resolve_sampling,
 )
 from dspark.decoding.lookup import LookupConfig, lookup_width
+from dspark.decoding.lookup_corpus import LookupCorpus
 from dspark.decoding.machine import warn_if_profiled_elsewhere
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.request import GenerateOutput, Request, StreamEvent
@@ -204,6 +205,12 @@ class DSparkDecoder:
         self.stats = DSparkStats(gamma=self.round_width)
         self.lookup = lookup_config
         self.lookup_acceptance = lookup_table
+        # finished requests' outputs as a second lookup source (LookupConfig.corpus_tokens; None: off)
+        self.lookup_corpus = (
+            LookupCorpus(lookup_config.min_match, lookup_config.max_match, lookup_config.corpus_tokens)
+            if lookup_config is not None and lookup_config.corpus_tokens
+            else None
+        )
         # the drafter's acceptance of slot j given the slots before it (scores its block against the lookup's)
         self.draft_acceptance = AcceptanceTable(1, max(gamma, 1))
         self.drafter_yield = DrafterYield()  # what its blocks returned: whether the drafter pays its time
@@ -399,6 +406,8 @@ class DSparkDecoder:
                 failed.clear()
                 for r in active:
                     if r.done:
+                        if self.lookup_corpus is not None and r.error is None:
+                            self.lookup_corpus.add(r.generated)
                         self._release(r)
                 active = [r for r in active if not r.done]
             lost = [r for r in reqs if r.error is not None]

@@ -47,6 +47,10 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dspark.decoding.lookup_corpus import LookupCorpus
 
 __all__ = [
     "EXTENT_BOUNDS",
@@ -106,12 +110,17 @@ class LookupConfig:
         Match extents at which a ``max_match`` match enters a class of its own in the acceptance tables
         (strictly increasing, >= 1; those at or below ``max_match`` are ignored). ``()`` classes by match
         length alone. Default :data:`EXTENT_BOUNDS`.
+    corpus_tokens : int
+        Tokens of earlier requests' outputs a decoder keeps as a second source, consulted for each match length
+        after the request's own history (:class:`~dspark.decoding.lookup_corpus.LookupCorpus`); >= 0, 0 (the
+        default) keeps none. ``DEFAULT_CORPUS_TOKENS`` (262,144, about 80 MB) is a reasonable size.
     """
 
     min_match: int = 2
     max_match: int = 4
     max_tokens: int | None = None
     extent_bounds: tuple[int, ...] = EXTENT_BOUNDS
+    corpus_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_int("min_match", self.min_match, 1, ">= 1")
@@ -123,6 +132,7 @@ class LookupConfig:
             type(x) is int and x > lo for x, lo in zip(b, (0, *b), strict=False)
         ):
             raise ValueError(f"extent_bounds: must be a tuple of strictly increasing ints >= 1, got {b!r}")
+        _check_int("corpus_tokens", self.corpus_tokens, 0, ">= 0 (0: no corpus)")
 
 
 def _as_token(t: object) -> int:
@@ -141,6 +151,8 @@ class LookupIndex:
     ----------
     config : LookupConfig
         Match lengths and the proposal cap.
+    corpus : LookupCorpus or None
+        Earlier requests' outputs, tried for each match length after this history (None: the history only).
 
     Attributes
     ----------
@@ -150,18 +162,32 @@ class LookupIndex:
     match_extent : int
         How far that occurrence agrees with the history's suffix, in ``[match_length, max(match_length,
         max(config.extent_bounds))]``; 0 with ``match_length``.
+    from_corpus : bool
+        Whether that occurrence was in the corpus (the extent then compares the corpus output with the history).
     """
 
-    __slots__ = ("config", "match_length", "match_extent", "_history", "_ends", "_lengths", "_extent_cap")
+    __slots__ = (
+        "config",
+        "corpus",
+        "match_length",
+        "match_extent",
+        "from_corpus",
+        "_history",
+        "_ends",
+        "_lengths",
+        "_extent_cap",
+    )
 
-    def __init__(self, config: LookupConfig | None = None) -> None:
+    def __init__(self, config: LookupConfig | None = None, corpus: LookupCorpus | None = None) -> None:
         if config is None:
             config = LookupConfig()
         if not isinstance(config, LookupConfig):
             raise ValueError(f"config: must be a LookupConfig, got {type(config).__name__}")
         self.config = config
+        self.corpus = corpus
         self.match_length = 0
         self.match_extent = 0
+        self.from_corpus = False
         self._extent_cap = max((config.max_match, *config.extent_bounds))
         self._history: list[int] = []
         # n-gram tuple -> latest end position e (exclusive) with a token h[e] after it
@@ -240,23 +266,31 @@ class LookupIndex:
         if cap is not None and k > cap:
             k = cap
         self.match_length = self.match_extent = 0
+        self.from_corpus = False
         h = self._history
         L = len(h)
         if k == 0:
             return []
-        ends = self._ends
+        ends, corpus = self._ends, self.corpus
         for n in reversed(self._lengths):
-            if n >= L:
-                continue  # an earlier occurrence needs n <= e <= L - 1
-            e = ends.get(tuple(h[L - n :]))
+            if n > L:
+                continue  # no occurrence of a suffix longer than the history
+            gram = tuple(h[L - n :])
+            e = ends.get(gram) if n < L else None  # an earlier occurrence needs n <= e <= L - 1
+            src = h
+            if e is None and corpus is not None:
+                found = corpus.find(gram)
+                if found is not None:
+                    src, e = found
+                    self.from_corpus = True
             if e is not None:
                 self.match_length = n
                 x, cap = n, self._extent_cap
                 if n == self.config.max_match:  # shorter matches cannot extend (module docstring)
-                    while x < cap and x < e and h[e - 1 - x] == h[L - 1 - x]:
+                    while x < cap and x < e and x < L and src[e - 1 - x] == h[L - 1 - x]:
                         x += 1
                 self.match_extent = x
-                return h[e : e + k]
+                return src[e : e + k]
         return []
 
 

@@ -23,6 +23,7 @@ from torch import Tensor
 from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.inputs import SamplingConfig
 from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.decoding.lookup_corpus import LookupCorpus
 from dspark.decoding.planner import Planner
 from dspark.decoding.request import Request
 from dspark.decoding.sampling import accept_drafts, sample_next
@@ -61,6 +62,7 @@ class Engine(Protocol):
     host: HostReader
     round_observer: Callable[[RoundRecord], None] | None
     lookup: LookupConfig | None  # lookup drafts on (the index's match rule), or off
+    lookup_corpus: LookupCorpus | None  # finished requests' outputs, a second lookup source (or none)
     lookup_acceptance: AcceptanceTable | None  # lookup acceptance by (match class, position)
     draft_acceptance: AcceptanceTable | None  # the drafter's conditional acceptance by position
     drafter_yield: DrafterYield  # tokens and rows the drafter's blocks returned (whether it pays its time)
@@ -499,7 +501,8 @@ def sources(r: RoundState) -> list[str] | None:
     if r.lookup is None:
         return None
     own = "dspark" if r.run_drafter else "none"  # a round whose drafter was skipped drafted nothing
-    return ["lookup" if h else own for h in r.one_hot_host]
+    looked = ["corpus" if c else "lookup" for c in r.lookup.from_corpus]
+    return [looked[i] if h else own for i, h in enumerate(r.one_hot_host)]
 
 
 def target_features(engine: Engine, out: TargetOutput, rows: Tensor) -> Tensor:
@@ -514,7 +517,7 @@ def prefill(engine: Engine, call: CallState, requests: list[Request]) -> None:
     try:
         for req in requests:
             if call.lookup and req.lookup is None:  # the index outlives a preemption, as the history does
-                req.lookup = LookupIndex(engine.lookup)
+                req.lookup = LookupIndex(engine.lookup, engine.lookup_corpus)
                 req.lookup.extend(req.prompt + req.generated)
             if call.drafting and req.copy_index is None and engine.drafter.config.uses_copies:
                 req.copy_index = new_copy_index(engine.drafter.config, req.prompt + req.generated)

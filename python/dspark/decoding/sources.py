@@ -67,6 +67,8 @@ class LookupBlock:
         The proposals themselves (for the shadow observation at commit).
     survival : Tensor
         ``(R, g)`` float32: predicted survival of the lookup drafts, 0 past each proposal.
+    from_corpus : list of bool
+        Whether each proposal came from earlier requests' outputs rather than the request's own history.
     """
 
     tokens: Tensor
@@ -74,6 +76,7 @@ class LookupBlock:
     classes: list[int]
     proposals: list[list[int]]
     survival: Tensor
+    from_corpus: list[bool]
 
     @property
     def any(self) -> bool:
@@ -82,18 +85,19 @@ class LookupBlock:
 
 def look_up(requests: list[Request], width: int, table: AcceptanceTable) -> LookupBlock:
     """Each request's lookup proposal of up to ``width`` tokens and its predicted survival ``(R, width)``."""
-    proposals, classes = [], []
+    proposals, classes, from_corpus = [], [], []
     for req in requests:
         index = req.lookup
         proposals.append(index.propose(width) if index is not None else [])
         classes.append(match_class(index.config, index.match_length, index.match_extent) if index else 0)
+        from_corpus.append(index is not None and index.from_corpus)
     lengths = [len(p) for p in proposals]
     tokens = torch.zeros(len(requests), width, dtype=torch.int64)
     for i, p in enumerate(proposals):
         if p:
             tokens[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
     survival = table.survival(classes, lengths, width)
-    return LookupBlock(tokens, lengths, classes, proposals, survival)
+    return LookupBlock(tokens, lengths, classes, proposals, survival, from_corpus)
 
 
 def new_copy_index(config: DrafterConfig, history: list[int]) -> LookupIndex:
