@@ -18,7 +18,9 @@ an A/B of it), a ``+local`` suffix plans with this machine's cost table (``dspar
 cached, or profiled before the first repeat) instead of ``--costs``, a ``+w<N>`` suffix caps lookup proposals at
 ``N`` tokens (``LookupConfig(max_tokens=N)``; default 16 for hybrid, 8 for lookup), a ``+noextent`` suffix
 classes lookup acceptance by match length alone (``LookupConfig(extent_bounds=())``: the prior's extent classes
-pooled). The drafter is the bundled one (its cost table, STS and lookup prior).
+pooled), a ``+corpus`` suffix also drafts from the run's earlier answers (``LookupConfig(corpus_tokens=
+DEFAULT_CORPUS_TOKENS)``; emptied before each timed run). The drafter is the bundled one (its cost table, STS and
+lookup prior).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from benchmarks.e2e.inputs import read_prompt_sets, resolve_drafter  # noqa: E40
 from benchmarks.e2e.runners import run_dspark  # noqa: E402
 from dspark.decoding.inputs import chat_token_ids  # noqa: E402
 from dspark.decoding.lookup import LookupConfig  # noqa: E402
+from dspark.decoding.lookup_corpus import DEFAULT_CORPUS_TOKENS  # noqa: E402
 from dspark.demo import fast_drafter_dtype  # noqa: E402
 from dspark.models.loading import load_target  # noqa: E402
 
@@ -58,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS),
-        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+noextent] [+w<N>]",
+        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+noextent] [+corpus] [+w<N>]",
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument(
@@ -77,10 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     for m in args.methods:
         options = {o for o in m.split("+")[1:] if not _width_option(o)}
-        if m.split("+")[0] not in METHODS or not options <= {"measured", "always", "local", "noextent"}:
+        if m.split("+")[0] not in METHODS or not options <= {
+            "measured",
+            "always",
+            "local",
+            "noextent",
+            "corpus",
+        }:
             ap.error(
                 f"--methods: {m!r} is not one of {METHODS} (optionally with +measured / +always / +local / "
-                "+noextent / +w<N>, N >= 1)"
+                "+noextent / +corpus / +w<N>, N >= 1)"
             )
     if "engine" not in args.methods:
         args.methods.insert(0, "engine")  # every ratio is to it
@@ -105,6 +114,8 @@ def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.
     config = {"max_tokens": widths[-1]} if widths else {}
     if "noextent" in options:
         config["extent_bounds"] = ()
+    if "corpus" in options:
+        config["corpus_tokens"] = DEFAULT_CORPUS_TOKENS
     lookup = base in ("lookup", "hybrid") and LookupConfig(**config)
     with contextlib.ExitStack() as stack:
         if "always" in options:  # the drafter runs whatever it is predicted to return

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """LookupIndex: per-request cost of one decode round (extend by the committed tokens, then propose γ) and of
-indexing a prompt, at 512, 1k and 4k tokens of history, against a brute-force longest-match search.
+indexing a prompt, at 512, 1k and 4k tokens of history, against a brute-force longest-match search; and the
+costs of a full corpus of earlier outputs (``LookupCorpus``): rounds that consult it, keeping one output, the
+rebuild when it overflows, and its memory.
 
 python benchmarks/bench_lookup.py [--quick] [--json out.json]
 
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Row, Timing, cpu_description, parse_args, report  # noqa: E402
 from dspark.decoding.lookup import LookupConfig, LookupIndex  # noqa: E402
+from dspark.decoding.lookup_corpus import DEFAULT_CORPUS_TOKENS, LookupCorpus  # noqa: E402
 
 GAMMA = 7
 COMMITTED = 2  # tokens one round commits (accepted drafts + the bonus token), a typical count
@@ -127,6 +130,50 @@ def rounds_stats(cfg: LookupConfig, tokens: list[int], history: int, rounds: int
     }
 
 
+def corpus_costs(quick: bool) -> dict:
+    """A corpus filled to capacity with 256-token outputs (random streams like the histories): per-round cost
+    of a 4k history that consults it, the time to keep one more output, the overflow's rebuild, the memory."""
+    import tracemalloc
+
+    capacity = 16_384 if quick else DEFAULT_CORPUS_TOKENS
+    cfg = LookupConfig(corpus_tokens=capacity)
+    outputs = [stream(256, seed=10_000 + i) for i in range(capacity // 256)]
+    tracemalloc.start()
+    corpus = LookupCorpus(cfg.min_match, cfg.max_match, capacity)
+    for out in outputs:
+        corpus.add(out)
+    memory_mb = tracemalloc.get_traced_memory()[0] / 1e6
+    tracemalloc.stop()
+    rounds, history = 64, 4096
+    tokens = stream(history + rounds * COMMITTED, seed=history)
+    samples = []
+    for _ in range(15 if quick else 100):
+        index = LookupIndex(cfg, corpus)
+        index.extend(tokens[:history])
+        t0 = time.perf_counter_ns()
+        for r in range(rounds):
+            index.extend(tokens[history + r * COMMITTED : history + (r + 1) * COMMITTED])
+            index.propose(GAMMA)
+        samples.append((time.perf_counter_ns() - t0) / 1e3 / rounds)
+    keep = []
+    for i in range(20):  # each add past the capacity would rebuild: time adds into a corpus with room
+        room = LookupCorpus(cfg.min_match, cfg.max_match, capacity)
+        out = stream(256, seed=20_000 + i)
+        t0 = time.perf_counter_ns()
+        room.add(out)
+        keep.append((time.perf_counter_ns() - t0) / 1e3)
+    t0 = time.perf_counter_ns()
+    corpus.add(stream(512, seed=30_000))  # overflows: the oldest half goes and the rest is indexed again
+    rebuild_ms = (time.perf_counter_ns() - t0) / 1e6
+    return {
+        "capacity": capacity,
+        "memory_mb": round(memory_mb, 1),
+        "round_us": round(statistics.median(samples), 2),
+        "keep_256_us": round(statistics.median(keep), 1),
+        "rebuild_ms": round(rebuild_ms, 1),
+    }
+
+
 def main() -> None:
     args = parse_args(__doc__)
     cpu = cpu_description()
@@ -164,12 +211,19 @@ def main() -> None:
         f"\nindexing a 4096-token prompt (match 2-4): median {t_build.median_us / 1e3:.2f} ms, "
         f"IQR {t_build.iqr_us / 1e3:.2f} ms over {t_build.runs} runs"
     )
+    corpus = corpus_costs(args.quick)
+    print(
+        f"corpus of {corpus['capacity']} tokens ({corpus['memory_mb']} MB): a round at 4k history consulting it "
+        f"{corpus['round_us']} us; keeping a 256-token output {corpus['keep_256_us']} us; the overflow's "
+        f"rebuild {corpus['rebuild_ms']} ms"
+    )
     worst = max(r.op.median_us for r in rows if r.case["history"] == 4096)
     verdict = "within" if worst < 200 else "OVER"
     print(f"budget: {worst:.1f} us per request per round at 4k tokens, {verdict} the 200 us budget")
     if args.json:
         payload = json.loads(args.json.read_text())
         payload["build_4096_us"] = {"median": t_build.median_us, "iqr": t_build.iqr_us, "runs": t_build.runs}
+        payload["corpus"] = corpus
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
 
 

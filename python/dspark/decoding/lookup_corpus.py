@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 __all__ = ["DEFAULT_CORPUS_TOKENS", "LookupCorpus"]
 
-DEFAULT_CORPUS_TOKENS = 262_144  # LookupConfig(corpus=True): about 1,000 answers of 256 tokens
+DEFAULT_CORPUS_TOKENS = 262_144  # a reasonable LookupConfig.corpus_tokens: about 1,000 answers of 256 tokens
 
 
 class LookupCorpus:
