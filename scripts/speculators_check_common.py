@@ -60,6 +60,18 @@ def tensors(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+def stacked_shard(model, full: str, p: torch.Tensor, shard: int) -> torch.Tensor:
+    """The rows of an engine's stacked projection ``p`` (the parameter named ``full``) that hold ``shard``:
+    q / k / v of a ``qkv_proj`` (sized by its attention module), or gate / up of a ``gate_up_proj``."""
+    if ".qkv_proj." in full:
+        attn = model.get_submodule(full.rsplit(".qkv_proj.", 1)[0])
+        sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+    else:
+        sizes = [p.shape[0] // 2] * 2
+    start = sum(sizes[:shard])
+    return p[start : start + sizes[shard]]
+
+
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 

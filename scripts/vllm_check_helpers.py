@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import torch
+from speculators_check_common import stacked_shard
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM's own switch to its CPU platform
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -149,17 +150,9 @@ def vllm_slice(params: dict[str, torch.Tensor], name: str, model) -> tuple[str, 
             full, shard = full.replace(old, new), k
             break
     p = params.get(full)
-    if p is None:
-        return full, None
-    if shard is None:
+    if p is None or shard is None:
         return full, p
-    if ".qkv_proj." in full:
-        attn = model.get_submodule(full.rsplit(".qkv_proj.", 1)[0])
-        sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-    else:
-        sizes = [p.shape[0] // 2] * 2
-    start = sum(sizes[:shard])
-    return full, p[start : start + sizes[shard]]
+    return full, stacked_shard(model, full, p, shard)
 
 
 def compare(model, file: dict[str, torch.Tensor]) -> list[str]:

@@ -128,6 +128,26 @@ def test_capacity_keeps_the_newest_outputs():
     assert len(corpus) == 0 and corpus.find((40,)) is None
 
 
+def test_dropping_old_outputs_leaves_the_index_of_the_kept_ones():
+    # the index after drops equals one built from the kept outputs alone (no stale or missing entries)
+    rng = random.Random(3)
+    corpus = LookupCorpus(1, 3, capacity=40)
+    added = []
+    for _ in range(200):
+        out = [rng.randrange(5) for _ in range(rng.randrange(2, 15))]
+        corpus.add(out)
+        added.append(out)
+        kept = added[len(added) - corpus.outputs :]
+        fresh = LookupCorpus(1, 3, capacity=10_000)
+        for o in kept:
+            fresh.add(o)
+        assert len(corpus) == sum(map(len, kept)) <= 40 or corpus.outputs == 1
+        grams = {tuple(o[i : i + n]) for o in added for n in (1, 2, 3) for i in range(len(o) - n + 1)}
+        for g in grams:
+            a, b = corpus.find(g), fresh.find(g)
+            assert (a is None) == (b is None) and (a is None or (a[0] == b[0] and a[1] == b[1])), g
+
+
 @pytest.mark.parametrize(
     "make,match",
     [

@@ -11,9 +11,10 @@ Exactness (DESIGN §4.5): what the corpus holds was committed by requests that f
 proposal from it is a function of tokens fixed before the round's draws, like one from the request's own
 history: q is one-hot at a token chosen without looking at anything the round samples.
 
-Memory: each stored token indexes ``max_match - min_match + 1`` n-grams (about 100 bytes each in CPython), so
-the default capacity of 262,144 tokens takes about 80 MB with the default match lengths. Past the capacity the
-oldest outputs are dropped (the index is rebuilt from the newer half).
+Memory: each stored token indexes ``max_match - min_match + 1`` n-grams (about 120 bytes each in CPython), so
+the default capacity of 262,144 tokens takes about 90 MB with the default match lengths. Past the capacity the
+oldest outputs are dropped with their index entries (an entry that still points into a dropped output is the
+latest occurrence of its n-gram, so no kept output holds it: removing it is exact and needs no rebuild).
 """
 
 from __future__ import annotations
@@ -37,17 +38,16 @@ class LookupCorpus:
         Most tokens kept (>= 1); the oldest outputs go first.
     """
 
-    __slots__ = ("capacity", "_lengths", "_docs", "_ends", "_size", "_next_id")
+    __slots__ = ("capacity", "_lengths", "_docs", "_ends", "_size")
 
     def __init__(self, min_match: int, max_match: int, capacity: int = DEFAULT_CORPUS_TOKENS) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity: must be an int >= 1 (tokens kept), got {capacity!r}")
         self.capacity = capacity
         self._lengths = tuple(range(min_match, max_match + 1))
-        self._docs: deque[tuple[int, list[int]]] = deque()  # (id, tokens), oldest first
-        self._ends: dict[tuple[int, ...], tuple[list[int], int]] = {}  # n-gram -> (tokens, end e)
+        self._docs: deque[list[int]] = deque()  # oldest first
+        self._ends: dict[tuple[int, ...], tuple[list[int], int]] = {}  # n-gram -> (output, end e), the latest
         self._size = 0
-        self._next_id = 0
 
     def __len__(self) -> int:
         """Tokens held."""
@@ -64,13 +64,11 @@ class LookupCorpus:
         doc = [int(t) for t in tokens][-self.capacity :]
         if len(doc) <= self._lengths[0]:
             return
-        self._docs.append((self._next_id, doc))
-        self._next_id += 1
+        self._docs.append(doc)
         self._size += len(doc)
-        if self._size > self.capacity:
-            self._evict()
-        else:
-            self._index(doc)
+        self._index(doc)
+        while self._size > self.capacity and len(self._docs) > 1:
+            self._drop_oldest()
 
     def clear(self) -> None:
         """Forget every output."""
@@ -83,18 +81,23 @@ class LookupCorpus:
         == gram``; None when none does."""
         return self._ends.get(gram)
 
+    def _grams(self, doc: list[int], n: int):
+        """``(n-gram, e)`` for the n-grams of ``doc`` ending at ``e = n .. len - 1`` (a token follows each)."""
+        grams = zip(*(doc[i:] for i in range(n)), strict=False)
+        return zip(grams, range(n, len(doc)), strict=False)
+
     def _index(self, doc: list[int]) -> None:
         ends = self._ends
-        for n in self._lengths:
-            # n-grams ending at e = n .. len - 1 (each has a token after it); later ones win
-            grams = zip(*(doc[i:] for i in range(n)), strict=False)
-            ends.update((g, (doc, e)) for g, e in zip(grams, range(n, len(doc)), strict=False))
+        for n in self._lengths:  # later places (and later outputs) overwrite earlier ones
+            ends.update((g, (doc, e)) for g, e in self._grams(doc, n))
 
-    def _evict(self) -> None:
-        """Drop the oldest outputs down to half the capacity and index the rest again."""
-        while self._size > self.capacity // 2 and len(self._docs) > 1:
-            _, old = self._docs.popleft()
-            self._size -= len(old)
-        self._ends.clear()
-        for _, doc in self._docs:
-            self._index(doc)
+    def _drop_oldest(self) -> None:
+        """Forget the oldest output and the index entries that point into it."""
+        old = self._docs.popleft()
+        self._size -= len(old)
+        ends = self._ends
+        for n in self._lengths:
+            for g, _ in self._grams(old, n):
+                hit = ends.get(g)
+                if hit is not None and hit[0] is old:
+                    del ends[g]
