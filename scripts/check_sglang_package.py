@@ -68,7 +68,8 @@ from dspark.models.packagings.sglang import serving_notes  # noqa: E402
 from tests.decoding.toy_models import random_drafter  # noqa: E402
 from tests.models.tiny import tiny_model  # noqa: E402
 
-TARGET_OWNED = ("embed_tokens.", "lm_head.")  # SGLang's draft takes the target's (dspark.py:560-566, 631-641)
+# SGLang's draft takes the target's (models/dspark.py:550-558, 631-641)
+TARGET_OWNED = ("embed_tokens.", "lm_head.")
 MARKOV_CLASS = {"vanilla": "VanillaMarkov", "gated": "GatedMarkovHead", "rnn": "RNNHead"}
 
 
@@ -111,7 +112,7 @@ def check_served(
                 markov_rank=c.markov_rank,
                 markov_head_type=c.markov_head_type,
                 sample_from_anchor=c.sample_from_anchor,
-                gamma=c.block_slots,  # the written block_size, read as gamma (dspark_config.py:294-296)
+                gamma=c.block_slots,  # the written block_size, read as gamma (dspark_config.py:295-297)
             )
         else:
             p = s["parse_dflash_draft_config"](draft_hf_config=hf)

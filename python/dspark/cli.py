@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="TOKENS",
         help="--lookup: also draft from earlier answers of this run, keeping up to TOKENS tokens of them "
-        "(e.g. 262144, about 80 MB; default 0: off)",
+        "(e.g. 262144, about 90 MB; default 0: off)",
     )
     g.add_argument(
         "--lookup-prior",

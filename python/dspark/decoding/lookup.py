@@ -113,7 +113,7 @@ class LookupConfig:
     corpus_tokens : int
         Tokens of earlier requests' outputs a decoder keeps as a second source, consulted for each match length
         after the request's own history (:class:`~dspark.decoding.lookup_corpus.LookupCorpus`); >= 0, 0 (the
-        default) keeps none. ``DEFAULT_CORPUS_TOKENS`` (262,144, about 80 MB) is a reasonable size.
+        default) keeps none. ``DEFAULT_CORPUS_TOKENS`` (262,144, about 90 MB) is a reasonable size.
     """
 
     min_match: int = 2
