@@ -20,17 +20,10 @@ import types
 from pathlib import Path
 
 import torch
-from speculators_check_common import stacked_shard
+from speculators_check_common import stacked_place
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-STACKED = {  # DFlashDraftModel.load_weights' stacked_params_mapping: checkpoint name -> (SGLang name, shard)
-    ".q_proj.": (".qkv_proj.", 0),
-    ".k_proj.": (".qkv_proj.", 1),
-    ".v_proj.": (".qkv_proj.", 2),
-    ".gate_proj.": (".gate_up_proj.", 0),
-    ".up_proj.": (".gate_up_proj.", 1),
-}
 RAGGED_MODE = "SGLANG_RAGGED_VERIFY_MODE"  # "static" (default): no confidence head; "cap-accept": built
 _STATE: dict = {}
 
@@ -211,15 +204,8 @@ def untouched(model) -> list[str]:
 def sglang_slice(params: dict[str, torch.Tensor], name: str, model) -> tuple[str, torch.Tensor | None]:
     """Where the checkpoint tensor ``name`` landed in the loaded SGLang model: its parameter, or the shard of a
     stacked projection. None when SGLang has no such parameter."""
-    full, shard = name, None
-    for old, (new, k) in STACKED.items():  # the backbone's only: the heads load by name (dspark.py:627-650)
-        if name.startswith("layers.") and old in full:
-            full, shard = full.replace(old, new), k
-            break
-    p = params.get(full)
-    if p is None or shard is None:
-        return full, p
-    return full, stacked_shard(model, full, p, shard)
+    # the backbone's only are stacked: the heads load by name (models/dspark.py:627-650)
+    return stacked_place(params, name, model, stack=name.startswith("layers."))
 
 
 def compare(

@@ -60,6 +60,32 @@ def tensors(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+# q/k/v and gate/up checkpoint names -> (the engines' stacked parameter name, shard): vLLM's
+# DFlashQwen3Model.hf_to_vllm_mapper.orig_to_new_stacked and SGLang's DFlashDraftModel.load_weights
+# stacked_params_mapping agree
+STACKED = {
+    ".q_proj.": (".qkv_proj.", 0),
+    ".k_proj.": (".qkv_proj.", 1),
+    ".v_proj.": (".qkv_proj.", 2),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+
+
+def stacked_place(params: dict, full: str, model, stack: bool = True) -> tuple[str, torch.Tensor | None]:
+    """``(name, tensor)``: where a checkpoint tensor, named ``full`` in the engine's naming, landed in
+    ``params`` — its parameter, or with ``stack`` the shard of a stacked projection; None when there is none."""
+    shard = None
+    for old, (new, k) in STACKED.items() if stack else ():
+        if old in full:
+            full, shard = full.replace(old, new), k
+            break
+    p = params.get(full)
+    if p is None or shard is None:
+        return full, p
+    return full, stacked_shard(model, full, p, shard)
+
+
 def stacked_shard(model, full: str, p: torch.Tensor, shard: int) -> torch.Tensor:
     """The rows of an engine's stacked projection ``p`` (the parameter named ``full``) that hold ``shard``:
     q / k / v of a ``qkv_proj`` (sized by its attention module), or gate / up of a ``gate_up_proj``."""

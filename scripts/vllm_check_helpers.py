@@ -12,19 +12,12 @@ import os
 from pathlib import Path
 
 import torch
-from speculators_check_common import stacked_shard
+from speculators_check_common import stacked_place
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM's own switch to its CPU platform
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 VERIFIER = "Qwen/Qwen3-0.6B"  # vLLM auto-detection needs a repository id, not a local folder (config.py:905)
-STACKED = {  # DFlashQwen3Model.hf_to_vllm_mapper.orig_to_new_stacked: checkpoint name -> (vLLM name, shard)
-    ".q_proj.": (".qkv_proj.", 0),
-    ".k_proj.": (".qkv_proj.", 1),
-    ".v_proj.": (".qkv_proj.", 2),
-    ".gate_proj.": (".gate_up_proj.", 0),
-    ".up_proj.": (".gate_up_proj.", 1),
-}
 _STATE: dict = {}
 
 
@@ -144,15 +137,7 @@ def vllm_slice(params: dict[str, torch.Tensor], name: str, model) -> tuple[str, 
         full = name
     else:
         full = "model." + name
-    shard = None
-    for old, (new, k) in STACKED.items():
-        if old in full:
-            full, shard = full.replace(old, new), k
-            break
-    p = params.get(full)
-    if p is None or shard is None:
-        return full, p
-    return full, stacked_shard(model, full, p, shard)
+    return stacked_place(params, full, model)
 
 
 def compare(model, file: dict[str, torch.Tensor]) -> list[str]:
