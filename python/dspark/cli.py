@@ -161,16 +161,16 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     """Convert a drafter checkpoint folder between packagings (docs/file-formats.md)."""
-    from dspark.models.packagings import convert, read
+    from dspark.models.packagings import convert
     from dspark.models.packagings.sglang import VERSION, serving_notes
 
     try:
-        source = convert(args.src, args.dst, args.format, force=args.force, verifier=args.verifier)
+        written = convert(args.src, args.dst, args.format, force=args.force, verifier=args.verifier)
     except (ValueError, FileExistsError, FileNotFoundError) as e:
         print(f"dspark convert: {e}", file=sys.stderr)
         return 2
-    print(f"dspark convert: {args.src} ({source}) -> {args.dst} ({args.format})")
-    for note in serving_notes(read(args.dst), args.format):
+    print(f"dspark convert: {args.src} ({written.source}) -> {args.dst} ({args.format})")
+    for note in serving_notes(written, args.format):  # the checkpoint as read: no second read of dst
         print(f"dspark convert: note (SGLang {VERSION}): {note}", file=sys.stderr)
     return 0
 

@@ -27,6 +27,12 @@ __all__ = ["DEFAULT_CORPUS_TOKENS", "LookupCorpus"]
 DEFAULT_CORPUS_TOKENS = 262_144  # a reasonable LookupConfig.corpus_tokens: about 1,000 answers of 256 tokens
 
 
+def _grams(doc: list[int], n: int):
+    """``(n-gram, e)`` for the n-grams of ``doc`` ending at ``e = n .. len - 1`` (a token follows each)."""
+    grams = zip(*(doc[i:] for i in range(n)), strict=False)
+    return zip(grams, range(n, len(doc)), strict=False)
+
+
 class LookupCorpus:
     """Finished requests' outputs with an n-gram index over them.
 
@@ -81,15 +87,10 @@ class LookupCorpus:
         == gram``; None when none does."""
         return self._ends.get(gram)
 
-    def _grams(self, doc: list[int], n: int):
-        """``(n-gram, e)`` for the n-grams of ``doc`` ending at ``e = n .. len - 1`` (a token follows each)."""
-        grams = zip(*(doc[i:] for i in range(n)), strict=False)
-        return zip(grams, range(n, len(doc)), strict=False)
-
     def _index(self, doc: list[int]) -> None:
         ends = self._ends
         for n in self._lengths:  # later places (and later outputs) overwrite earlier ones
-            ends.update((g, (doc, e)) for g, e in self._grams(doc, n))
+            ends.update((g, (doc, e)) for g, e in _grams(doc, n))
 
     def _drop_oldest(self) -> None:
         """Forget the oldest output and the index entries that point into it."""
@@ -97,7 +98,7 @@ class LookupCorpus:
         self._size -= len(old)
         ends = self._ends
         for n in self._lengths:
-            for g, _ in self._grams(old, n):
+            for g, _ in _grams(old, n):
                 hit = ends.get(g)
                 if hit is not None and hit[0] is old:
                     del ends[g]

@@ -123,10 +123,11 @@ def write_atomic(
 
 def convert(
     src: str | os.PathLike, dst: str | os.PathLike, format: str, *, force: bool = False, **options
-) -> str:
+) -> Packaged:
     """Convert the checkpoint folder ``src`` (any known packaging) into ``dst`` in ``format``, file to file
-    (tensors are copied as stored: no dtype change). Returns the source's packaging name."""
+    (tensors are copied as stored: no dtype change). Returns the checkpoint as read (``.source``: the source's
+    packaging name), which is what was written."""
     check_format(format)  # before reading src or touching dst
     p = read(src)
     write_atomic(dst, p, format, force=force, **options)
-    return p.source
+    return p
