@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import cpu_description  # noqa: E402
 from dspark import DSparkDrafter  # noqa: E402
-from dspark.decoding.lookup import LookupConfig, LookupIndex  # noqa: E402
+from dspark.decoding.sources import copy_proposal, new_copy_index  # noqa: E402
 from dspark.models.loading import load_smollm2  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def without_copy_head(path: Path, out: Path) -> Path:
     cfg = json.loads((path / "config.json").read_text())
     cfg.pop("copy_head", None)
     if not cfg.get("copy_channel"):
-        for key in ("copy_min_match", "copy_max_match"):
+        for key in ("copy_min_match", "copy_max_match", "copy_extent_bounds"):
             cfg.pop(key, None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     tensors = {k: v.contiguous() for k, v in read_tensors(path).items() if not k.startswith("copy_head.")}
@@ -78,18 +78,13 @@ def round_seconds(drafter: DSparkDrafter, R: int, features: torch.Tensor, histor
     indexes = []
     if c.uses_copies:
         for _ in ids:
-            index = LookupIndex(LookupConfig(c.copy_min_match, c.copy_max_match))
-            index.extend(history)
-            indexes.append(index)
+            indexes.append(new_copy_index(c, history))
     anchors = torch.full((R,), history[-1], dtype=torch.int64)
     t0 = time.perf_counter()
     kw = {}
     if c.uses_copies:
-        conts = [ix.propose(c.block_size) for ix in indexes]
-        kw = {
-            "copy_continuations": conts,
-            "copy_matches": [ix.match_length if ct else 0 for ix, ct in zip(indexes, conts, strict=True)],
-        }
+        pairs = [copy_proposal(ix, c.block_size) for ix in indexes]
+        kw = {"copy_continuations": [p for p, _ in pairs], "copy_matches": [m for _, m in pairs]}
     drafter.draft(ids, anchors, 0.0, seed=0, **kw)
     return time.perf_counter() - t0
 

@@ -17,7 +17,11 @@ from tests.decoding.toy_models import markov_chain_target, tiny_target
 V2 = dict(copy_channel=True, context_projection=True, learned_mask=True, tap_norm=True)
 
 
-def copy_drafter(target, block_size: int = 4, seed: int = 1, head: bool = False) -> DSparkDrafter:
+def copy_drafter(
+    target, block_size: int = 4, seed: int = 1, head: bool = False, bounds: tuple[int, ...] = ()
+) -> DSparkDrafter:
+    """A copy-channel drafter with non-neutral inputs; ``head``: with a copy head, and with ``bounds`` its
+    extent classes and a greedy table too."""
     torch.manual_seed(seed)
     L = target.config.num_hidden_layers
     d = DSparkDrafter.from_config(
@@ -28,6 +32,8 @@ def copy_drafter(target, block_size: int = 4, seed: int = 1, head: bool = False)
         markov_rank=8,
         initializer_range=0.2,
         copy_head=head,
+        copy_extent_bounds=bounds,
+        copy_greedy_bias=bool(bounds),
         **V2,
     ).eval()
     g = torch.Generator().manual_seed(seed)
@@ -38,6 +44,8 @@ def copy_drafter(target, block_size: int = 4, seed: int = 1, head: bool = False)
         if head:  # a bonus large enough that most drafts copy, and a confidence term
             d.copy_head.logit_bias.fill_(6.0)
             d.copy_head.conf_bias.copy_(torch.randn(d.copy_head.conf_bias.shape, generator=g))
+            if bounds:
+                d.copy_head.greedy_bias.copy_(3.0 * torch.randn(d.copy_head.greedy_bias.shape, generator=g))
     return d
 
 
@@ -49,12 +57,12 @@ def greedy_reference(target, prompts, n: int) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("head", [False, True])
+@pytest.mark.parametrize("head, bounds", [(False, ()), (True, ()), (True, (4, 6))])
 @pytest.mark.parametrize("lookup", [False, True])
 @pytest.mark.parametrize("mode", ["full", "early_stop"])
-def test_copy_drafter_greedy_equals_the_target_greedy(lookup, mode, head):
+def test_copy_drafter_greedy_equals_the_target_greedy(lookup, mode, head, bounds):
     target = tiny_target("llama", vocab=64)
-    drafter = copy_drafter(target, head=head)
+    drafter = copy_drafter(target, head=head, bounds=bounds)
     prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 1, 2, 3, 1, 2, 3, 1], [40, 41, 42]]
     want = greedy_reference(target, prompts, 20)
     dec = DSparkDecoder(target, drafter, planner=Planner(mode, batch_sps(3, 4)), lookup=lookup, block_size=4)
@@ -91,11 +99,11 @@ def test_copy_index_holds_the_requests_history(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head", [False, True])
-def test_copy_drafter_sampling_follows_the_target(head):
+@pytest.mark.parametrize("head, bounds", [(False, ()), (True, ()), (True, (4,))])
+def test_copy_drafter_sampling_follows_the_target(head, bounds):
     table = chain_table()
     target = markov_chain_target(table)
-    drafter = copy_drafter(target, block_size=3, head=head)
+    drafter = copy_drafter(target, block_size=3, head=head, bounds=bounds)
     pattern = [START, 0, 1, 3, START, 0, 1, 3, START]  # repeats: the copy channel has matches
     dec = DSparkDecoder(target, drafter, planner=Planner("full"), max_batch_size=N, lookup=LookupConfig(1, 3))
     try:

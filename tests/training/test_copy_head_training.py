@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.decoding.lookup import LookupConfig, LookupIndex, match_class
 from dspark.training.features import FeatureCache, Sample, loss_mask_for, target_features
 from dspark.training.objective import LossWeights, block_hidden, packed_block_loss, packed_copy_inputs
 from dspark.training.trainer import TrainConfig, train, training_only
@@ -29,9 +29,9 @@ def _nonzero_head(d, seed: int = 3) -> None:
             p.copy_(torch.randn(p.shape, generator=g))
 
 
-@pytest.mark.parametrize("channel", [False, True])
-def test_training_logits_equal_serving_logits(target, channel):
-    d = _drafter(target, copy_head=True, copy_channel=channel)
+@pytest.mark.parametrize("channel, bounds", [(False, ()), (True, ()), (True, (4, 6))])
+def test_training_logits_equal_serving_logits(target, channel, bounds):
+    d = _drafter(target, copy_head=True, copy_channel=channel, copy_extent_bounds=bounds)
     _nonzero_head(d)
     ids = _repetitive(48)
     feats, _ = target_features(target, ids, d.config.target_layer_ids)
@@ -39,24 +39,28 @@ def test_training_logits_equal_serving_logits(target, channel):
     copy = packed_copy_inputs(d.config, [ids], [anchors], d.device)
     h = block_hidden(d, feats, ids, anchors)
     U_train = d.copy_head.add_to_logits(F.linear(h, d.lm_head_weight), h, *copy)
-    copied = 0
+    copied, classes = 0, set()
+    lookup = LookupConfig(d.config.copy_min_match, d.config.copy_max_match, extent_bounds=bounds)
     for i, a in enumerate(anchors.tolist()):
         d.finish_all()
         d.append_context([50 + i], [feats[:a]])
-        index = LookupIndex(LookupConfig(d.config.copy_min_match, d.config.copy_max_match))
+        index = LookupIndex(lookup)
         index.extend(ids[: a + 1].tolist())
         cont = index.propose(d.config.block_size)
         copied += bool(cont)
+        cls = match_class(lookup, index.match_length, index.match_extent) if cont else 0
+        classes.add(cls)
         out = d.draft(
             [50 + i],
             ids[a : a + 1],
             copy_continuations=[cont],
-            copy_matches=[index.match_length if cont else 0],
+            copy_matches=[cls],
             return_base_logits=True,
         )
         torch.testing.assert_close(U_train[i], out.base_logits[0], atol=5e-5, rtol=1e-5)
     d.finish_all()
     assert copied >= 3
+    assert max(classes) > d.config.copy_max_match or not bounds  # an extent class was served
     # negative control: without the bonus the logits differ where there are copies
     assert not torch.allclose(U_train, F.linear(h, d.lm_head_weight))
 

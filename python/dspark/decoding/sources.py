@@ -32,6 +32,8 @@ __all__ = [
     "LookupBlock",
     "block_scores",
     "copy_continuations",
+    "copy_lookup_config",
+    "copy_proposal",
     "DrafterYield",
     "drafter_pays",
     "drafter_survival",
@@ -100,24 +102,34 @@ def look_up(requests: list[Request], width: int, table: AcceptanceTable) -> Look
     return LookupBlock(tokens, lengths, classes, proposals, survival, from_corpus)
 
 
+def copy_lookup_config(config: DrafterConfig) -> LookupConfig:
+    """The lookup rule of a drafter that reads copies: its match lengths and its copy classes' extent bounds."""
+    return LookupConfig(
+        config.copy_min_match, config.copy_max_match, extent_bounds=tuple(config.copy_extent_bounds)
+    )
+
+
 def new_copy_index(config: DrafterConfig, history: list[int]) -> LookupIndex:
-    """A request's index for a copy-channel drafter: the drafter's own match rule over ``history``."""
-    index = LookupIndex(LookupConfig(config.copy_min_match, config.copy_max_match))
+    """A request's index for a drafter that reads copies: the drafter's own match rule over ``history``."""
+    index = LookupIndex(copy_lookup_config(config))
     index.extend(history)
     return index
 
 
+def copy_proposal(index: LookupIndex, gamma: int) -> tuple[list[int], int]:
+    """The copy inputs of one block: ``index``'s continuation (up to ``gamma`` tokens) and its copy class
+    (:func:`~dspark.decoding.lookup.match_class` under the index's config; 0 when there is none)."""
+    cont = index.propose(gamma)
+    return cont, (match_class(index.config, index.match_length, index.match_extent) if cont else 0)
+
+
 def copy_continuations(config: DrafterConfig, requests: list[Request]) -> dict:
     """The ``propose`` arguments of a drafter that reads copies (copy channel or copy head: each request's
-    continuation over its history and its match length; ``dspark.models.block_inputs``), or none."""
+    continuation over its history and its copy class, :func:`copy_proposal`), or none."""
     if not config.uses_copies:
         return {}
-    conts, matches = [], []
-    for req in requests:
-        cont = req.copy_index.propose(config.block_size)
-        conts.append(cont)
-        matches.append(req.copy_index.match_length if cont else 0)
-    return {"copy_continuations": conts, "copy_matches": matches}
+    pairs = [copy_proposal(req.copy_index, config.block_size) for req in requests]
+    return {"copy_continuations": [c for c, _ in pairs], "copy_matches": [m for _, m in pairs]}
 
 
 def drafter_survival(first: Tensor, table: AcceptanceTable, slots: int, width: int) -> Tensor:

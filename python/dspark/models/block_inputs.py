@@ -13,8 +13,8 @@ config flag (off in DeepSpec's checkpoints, which then compute exactly what they
   earlier occurrence of the history's longest suffix of ``copy_min_match .. copy_max_match`` tokens; none where
   the continuation is shorter) is added to slot ``j``'s input as ``copy_proj(E[c_{j+1}])`` — each slot carries
   the copy's guess of its own label, ``x_{a+1+j}``, so that with an embedding tied to the LM head the residual
-  stream holds the copied token's logit direction directly — and ``copy_embed[n]`` (``n`` the match length, 0
-  where slot ``j`` has no copied token) tells the block how sure the copy is;
+  stream holds the copied token's logit direction directly — and ``copy_embed[n]`` (``n`` the copy class — the match
+  length, split by extent with ``copy_extent_bounds`` — 0 where slot ``j`` has no copied token) tells the block how sure the copy is;
 * ``context_projection``: ``context_proj(row_{a-1})``, the last context row, added to every block row.
 
 The copy inputs are a function of the history alone, so drafting from them keeps the round exact (DESIGN §4.5).
@@ -43,7 +43,7 @@ def add_input_modules(model: nn.Module, c: DrafterConfig) -> None:
         model.tap_norm = RMSNorm(c.num_taps * H, c.rms_norm_eps)
     if c.copy_channel:
         model.copy_proj = nn.Linear(H, H, bias=False)
-        model.copy_embed = nn.Embedding(c.copy_max_match + 1, H)
+        model.copy_embed = nn.Embedding(c.num_copy_classes, H)
     if c.context_projection:
         model.context_proj = nn.Linear(H, H, bias=False)
     if c.learned_mask:
@@ -106,7 +106,8 @@ def block_embeddings(
         ``(N, γ)`` int64: the lookup continuation per block (slot ``j`` reads entry ``j``), ``-1`` where there is
         none. Read only with ``copy_channel`` (None there: no copies).
     copy_match : Tensor, optional
-        ``(N,)`` int64: the continuation's match length (0: none), in ``[0, copy_max_match]``.
+        ``(N,)`` int64: the continuation's copy class (0: none; its match length, or past ``copy_max_match``
+        its extent class with ``copy_extent_bounds``), in ``[0, num_copy_classes)``.
     last_rows : Tensor, optional
         ``(N, H)``: context row ``a - 1`` per block (zeros for a block without context). Read only with
         ``context_projection``.
@@ -124,7 +125,7 @@ def block_embeddings(
     if c.copy_channel and copy_tokens is not None:
         has = copy_tokens >= 0  # [N, g]
         copied = F.embedding(copy_tokens.clamp_min(0), embed).to(dt) * has.unsqueeze(-1).to(dt)
-        match = copy_match.to(dev).clamp(0, c.copy_max_match)
+        match = copy_match.to(dev).clamp(0, c.num_copy_classes - 1)
         x = x + model.copy_proj(copied) + model.copy_embed(torch.where(has, match.unsqueeze(1), 0)).to(dt)
     if c.context_projection and last_rows is not None:
         x = x + model.context_proj(last_rows.to(dt)).unsqueeze(1)

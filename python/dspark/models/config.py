@@ -136,10 +136,14 @@ class DrafterConfig:
     copy_channel: bool = False  # the history's lookup continuation enters the block (copy_proj, copy_embed)
     copy_min_match: int = 2  # the continuation's match rule (LookupConfig's min_match / max_match)
     copy_max_match: int = 3
+    # extents at which a copy_max_match copy gets a class of its own (docs/drafter.md, "Copy classes"); [] keys
+    # the copy inputs by match length alone, as before
+    copy_extent_bounds: list[int] = dataclasses.field(default_factory=list)
     context_projection: bool = False  # context row a-1 projected (context_proj) into every block row
     learned_mask: bool = False  # a trained MASK input (mask_embed) instead of mask_token_id's embedding
     tap_norm: bool = False  # an RMSNorm per tapped layer before fc (tap_norm.weight, (m * H,))
     copy_head: bool = False  # a learned bonus on the copied token's logit and confidence (copy_head.*)
+    copy_greedy_bias: bool = False  # the copy head's extra bonus for greedy rows (copy_head.greedy_bias)
     # False: DFlash's layout (z-lab, SpecForge): the anchor's slot predicts nothing, the block has
     # block_size + 1 slots and slot j + 1 drafts token j (docs/file-formats.md, "Drafter packagings")
     sample_from_anchor: bool = True
@@ -158,6 +162,12 @@ class DrafterConfig:
     def uses_copies(self) -> bool:
         """Whether drafting reads the history's lookup continuation (``copy_channel`` or ``copy_head``)."""
         return self.copy_channel or self.copy_head
+
+    @property
+    def num_copy_classes(self) -> int:
+        """Classes of the copy inputs' ``copy_match``: 0 (no copy), the match lengths ``1 .. copy_max_match``,
+        then one per ``copy_extent_bounds`` entry (``dspark.decoding.lookup.match_class``'s layout)."""
+        return self.copy_max_match + 1 + len(self.copy_extent_bounds)
 
     @property
     def block_slots(self) -> int:
@@ -250,10 +260,12 @@ class DrafterConfig:
             copy_channel=get("copy_channel", False),
             copy_min_match=get("copy_min_match", 2),
             copy_max_match=get("copy_max_match", 3),
+            copy_extent_bounds=get("copy_extent_bounds", []),
             context_projection=get("context_projection", False),
             learned_mask=get("learned_mask", False),
             tap_norm=get("tap_norm", False),
             copy_head=get("copy_head", False),
+            copy_greedy_bias=get("copy_greedy_bias", False),
             sample_from_anchor=from_anchor,
             rope_scaling=yarn,
             dtype=dtype_from_name(d.get("dtype", d.get("torch_dtype"))),
@@ -314,6 +326,15 @@ class DrafterConfig:
                 f"drafter config: copy_min_match / copy_max_match must satisfy 1 <= min <= max, got "
                 f"{self.copy_min_match} / {self.copy_max_match}"
             )
+        if self.copy_greedy_bias and not self.copy_head:
+            raise ValueError("drafter config: copy_greedy_bias needs the copy head (copy_head: true)")
+        b = self.copy_extent_bounds
+        rising = all(y > x for x, y in zip(b, b[1:], strict=False))
+        if b and (not self.uses_copies or b[0] <= self.copy_max_match or not rising):
+            raise ValueError(
+                f"drafter config: copy_extent_bounds must be strictly increasing, each above copy_max_match "
+                f"({self.copy_max_match}), on a drafter that reads copies (copy_channel or copy_head), got {b}"
+            )
         if self.markov_rank < 0:
             raise ValueError(f"drafter config: markov_rank must be >= 0, got {self.markov_rank}")
         if self.has_markov and self.markov_head_type not in MARKOV_HEAD_TYPES:
@@ -358,7 +379,16 @@ class DrafterConfig:
             d.pop(key, None)
         if self.uses_copies:
             d.update(copy_min_match=self.copy_min_match, copy_max_match=self.copy_max_match)
-        for key in ("copy_channel", "context_projection", "learned_mask", "tap_norm", "copy_head"):
+        if self.copy_extent_bounds:
+            d["copy_extent_bounds"] = list(self.copy_extent_bounds)
+        for key in (
+            "copy_channel",
+            "context_projection",
+            "learned_mask",
+            "tap_norm",
+            "copy_head",
+            "copy_greedy_bias",
+        ):
             if getattr(self, key):
                 d[key] = True
         d.pop("sample_from_anchor", None)
@@ -404,7 +434,7 @@ class DrafterConfig:
         s["fc.weight"] = (H, self.num_taps * H)
         if self.copy_channel:
             s["copy_proj.weight"] = (H, H)
-            s["copy_embed.weight"] = (self.copy_max_match + 1, H)
+            s["copy_embed.weight"] = (self.num_copy_classes, H)
         if self.context_projection:
             s["context_proj.weight"] = (H, H)
         if self.learned_mask:
@@ -425,10 +455,12 @@ class DrafterConfig:
             s["confidence_head.proj.weight"] = (1, H + self.confidence_input_rank)
             s["confidence_head.proj.bias"] = (1,)
         if self.copy_head:
-            g, n = self.block_size, self.copy_max_match + 1
+            g, n = self.block_size, self.num_copy_classes
             s["copy_head.logit_bias"] = (g, n)
             s["copy_head.logit_gate"] = (H,)
             s["copy_head.conf_bias"] = (g, 2, n)
+            if self.copy_greedy_bias:
+                s["copy_head.greedy_bias"] = (g, n)
         return s
 
 
@@ -437,10 +469,12 @@ V2_FIELDS = (
     "copy_channel",
     "copy_min_match",
     "copy_max_match",
+    "copy_extent_bounds",
     "context_projection",
     "learned_mask",
     "tap_norm",
     "copy_head",
+    "copy_greedy_bias",
 )
 
 # field name -> (converter, expected), read off the dataclass annotations so a new field is checked too

@@ -70,7 +70,9 @@ class DSparkDrafter(DraftSteps, nn.Module):
         self.confidence_head = (
             ConfidenceHead(H, c.confidence_input_rank) if c.enable_confidence_head else None
         )
-        self.copy_head = CopyHead(c.block_size, H, c.copy_max_match) if c.copy_head else None
+        self.copy_head = (
+            CopyHead(c.block_size, H, c.num_copy_classes, c.copy_greedy_bias) if c.copy_head else None
+        )
         add_input_modules(self, c)
         self.rotary_emb = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
         self._shared: dict[str, nn.Module] = {}  # target modules aliased (not registered: not in state_dict)
@@ -251,7 +253,7 @@ class DSparkDrafter(DraftSteps, nn.Module):
         share_embeddings: bool = True,
         dtype: torch.dtype | None = None,
         initializer_range: float | None = None,
-        **inputs: bool | int,
+        **inputs: bool | int | Sequence[int],
     ) -> DSparkDrafter:
         """A fresh (randomly initialised) drafter for an HF causal LM ``target``.
 
@@ -263,7 +265,8 @@ class DSparkDrafter(DraftSteps, nn.Module):
         With ``share_embeddings`` the target's embedding and LM head are aliased (frozen in training by the
         caller); otherwise they are copied. ``inputs``: the v2 input flags of
         :func:`~dspark.models.drafter_config.fresh_config` (``copy_channel``, ``context_projection``,
-        ``learned_mask``, ``tap_norm``, ``copy_head``, ``copy_min_match``, ``copy_max_match``; docs/drafter.md).
+        ``learned_mask``, ``tap_norm``, ``copy_head``, ``copy_min_match``, ``copy_max_match``, ``copy_extent_bounds``, ``copy_greedy_bias``;
+        docs/drafter.md).
         """
         return new_drafter(
             cls,

@@ -66,13 +66,15 @@ def fresh_config(
     copy_channel: bool = False,
     copy_min_match: int = 2,
     copy_max_match: int = 3,
+    copy_extent_bounds: Sequence[int] = (),
     context_projection: bool = False,
     learned_mask: bool = False,
     tap_norm: bool = False,
     copy_head: bool = False,
+    copy_greedy_bias: bool = False,
 ) -> DrafterConfig:
     """The config of a fresh drafter for ``target``, checked against it (arguments as in :func:`new_drafter`;
-    the last seven are the v2 inputs of ``dspark.models.block_inputs`` and the copy head of
+    the last nine are the v2 inputs of ``dspark.models.block_inputs`` and the copy head of
     ``dspark.models.copy_head``, all off by default).
 
     Returns
@@ -116,10 +118,12 @@ def fresh_config(
         copy_channel=copy_channel,
         copy_min_match=copy_min_match,
         copy_max_match=copy_max_match,
+        copy_extent_bounds=list(copy_extent_bounds),
         context_projection=context_projection,
         learned_mask=learned_mask,
         tap_norm=tap_norm,
         copy_head=copy_head,
+        copy_greedy_bias=copy_greedy_bias,
     )
     raw.pop("layer_types", None)
     # A fresh drafter uses default RoPE at the target's base frequency (scaled variants are not implemented).

@@ -151,7 +151,7 @@ class DraftSteps:
             if copy_continuations is None or copy_matches is None:
                 raise ValueError(
                     "copy_continuations / copy_matches: this drafter reads copies (copy channel or copy head); "
-                    "pass each request's lookup continuation and match length (empty and 0 where there is none)"
+                    "pass each request's lookup continuation and copy class (empty and 0 where there is none)"
                 )
             n = len(request_ids)
             if len(copy_continuations) != n or len(copy_matches) != n:
@@ -214,16 +214,24 @@ class DraftSteps:
         self, proposal: DraftProposal, temperature: float | Tensor, seed: int, offset: int
     ) -> MarkovSample:
         """Step 2 of a draft: Markov sampling of the proposal's slots (tokens, ``z`` over the whole vocabulary,
-        ``prev_emb``). The noise is keyed by ``(seed, offset, request id, slot)``."""
+        ``prev_emb``). The noise is keyed by ``(seed, offset, request id, slot)``. Greedy rows (temperature 0)
+        get the copy head's greedy table here (``dspark.models.copy_head``)."""
         p, vocab = proposal, self._vocab_tables()
+        base = p.base_logits
+        head = self.copy_head
+        if head is not None and head.greedy_bias is not None:  # the greedy rows' extra bonus (copy_head)
+            ids = None if vocab is None else vocab.token_ids
+            if isinstance(temperature, Tensor):  # per row; no host read of a device tensor
+                rows = temperature.reshape(-1).expand(base.shape[0]) <= 0
+                base = head.add_greedy_bonus(base, *p.copy, rows, ids)
+            elif temperature <= 0:
+                base = head.add_greedy_bonus(base, *p.copy, None, ids)
         if self.markov_head is not None:
             s = self.markov_head.sample(
-                p.base_logits, p.anchors, temperature, seed, offset, p.hidden, p.request_ids, vocab=vocab
+                base, p.anchors, temperature, seed, offset, p.hidden, p.request_ids, vocab=vocab
             )
         else:  # DFlash: no Markov bias (z = U)
-            s = sample_without_markov(
-                p.base_logits, p.anchors, temperature, seed, offset, p.request_ids, vocab=vocab
-            )
+            s = sample_without_markov(base, p.anchors, temperature, seed, offset, p.request_ids, vocab=vocab)
         if vocab is not None:  # the verifier takes q over the whole vocabulary: 0 outside the draft one
             s = MarkovSample(
                 s.tokens, expand_to_vocab(s.logits, vocab.token_ids, self.config.vocab_size), s.prev_emb
@@ -300,9 +308,11 @@ class DraftSteps:
             LM head, Markov sampling and confidence skip the rest. Outputs are ``(R, g, ...)`` and the STS
             vectors have ``g`` entries.
         copy_continuations, copy_matches : optional
-            Required for a drafter with a copy channel: per request, the (up to γ) tokens that followed the most
-            recent earlier occurrence of its history's longest suffix of ``copy_min_match .. copy_max_match``
-            tokens (``LookupIndex.propose``; empty for none) and that suffix's length (0 for none).
+            Required for a drafter with a copy channel or copy head: per request, the (up to γ) tokens that
+            followed the most recent earlier occurrence of its history's longest suffix of ``copy_min_match ..
+            copy_max_match`` tokens (``LookupIndex.propose``; empty for none) and the copy's class (that
+            suffix's length, split by its extent with ``copy_extent_bounds``; 0 for none):
+            ``dspark.decoding.sources.copy_proposal`` gives both.
         """
         p = self.propose(
             request_ids,

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``dspark train regenerate | features | fit``: the three stages of drafter training (docs/training.md)."""
+"""``dspark train regenerate | answers | features | vocab | fit | greedy-table``: drafter training's stages
+(docs/training.md)."""
 
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ def _fit(args: argparse.Namespace) -> int:
         learned_mask=args.learned_mask,
         tap_norm=args.tap_norm,
         copy_head=args.copy_head,
+        copy_extent_bounds=args.copy_extent_bounds,
     )
     rms = None
     if args.feature_scaling:  # per-channel RMS of (up to) 64 cached sequences
@@ -199,6 +201,63 @@ def _vocab(args: argparse.Namespace) -> int:
     ids, meta = build_draft_vocab(tok, vocab_size, args.size, sharegpt=sharegpt, data_files=args.data)
     path = save_draft_vocab(args.out, ids, meta)
     print(json.dumps({"file": str(path), **{k: v for k, v in meta.items() if k != "always"}}))
+    return 0
+
+
+def _greedy_table(args: argparse.Namespace) -> int:
+    import shutil
+
+    from dspark.models.drafter import DSparkDrafter
+    from dspark.models.loading import load_target
+    from dspark.training.features import FeatureCache
+    from dspark.training.greedy_table import copy_margins, fit_greedy_table, set_greedy_table
+
+    src, out = Path(args.drafter), Path(args.out)
+    if out.exists():
+        raise SystemExit(f"--out: {out} exists; give a new folder (the drafter is copied there)")
+    target, _ = load_target(args.target)
+    drafter = DSparkDrafter.from_pretrained(src, target=target, dtype=torch.float32)  # as served with fp32
+    c = drafter.config
+    if drafter.copy_head is None:
+        raise SystemExit(
+            f"--drafter: {src} has no copy head (copy_head: true); the greedy table is part of it"
+        )
+    cache = FeatureCache(args.features)
+    if list(cache.layer_ids) != list(c.target_layer_ids):
+        raise SystemExit(
+            f"--features: taps {cache.layer_ids} differ from the drafter's target_layer_ids {c.target_layer_ids}"
+        )
+    n = len(cache) if args.limit is None else min(args.limit, len(cache))
+    margins = copy_margins(drafter, cache, list(range(n)), progress=True)
+    fit = fit_greedy_table(margins, c.num_copy_classes, args.min_count)
+    # the folder's own dtype for the copy (the copy head stays float32)
+    writer = DSparkDrafter.from_pretrained(src, target=target, dtype=c.dtype or torch.float32)
+    set_greedy_table(writer, fit.table)
+    shutil.copytree(src, out)
+    writer.save_pretrained(out, include_embeddings=False)
+    if (
+        src / "draft_vocab.json"
+    ).is_file():  # the same ids; the source's file also keeps how they were chosen
+        shutil.copy2(src / "draft_vocab.json", out / "draft_vocab.json")
+    for j in range(c.block_size):
+        cells = [
+            f"n={k}: {fit.table[j, k]:+.2f} ({int(fit.hits_before[j, k])}->{int(fit.hits_after[j, k])}"
+            f"/{int(fit.count[j, k])})"
+            for k in range(c.num_copy_classes)
+            if fit.count[j, k] > 0
+        ]
+        print(f"slot {j + 1}: " + ", ".join(cells))
+    total = int(fit.count.sum())
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "copies": total,
+                "greedy_hits_before": int(fit.hits_before.sum()),
+                "greedy_hits_after": int(fit.hits_after.sum()),
+            }
+        )
+    )
     return 0
 
 
@@ -281,6 +340,18 @@ def add_train_parser(sub) -> None:
     v.add_argument("--out", required=True, help="folder to write draft_vocab.json into (the drafter's)")
     v.set_defaults(fn=_vocab)
 
+    gt = st.add_parser(
+        "greedy-table",
+        help="fit a copy-head drafter's greedy table by counting greedy hits on cached features (a new folder)",
+    )
+    gt.add_argument("--target", default="smollm2")
+    gt.add_argument("--drafter", required=True, help="a drafter folder with a copy head")
+    gt.add_argument("--features", required=True, help="features of the target's own greedy answers")
+    gt.add_argument("--out", required=True, help="new folder: the drafter with its greedy table")
+    gt.add_argument("--limit", type=int, default=None, help="first N cached sequences")
+    gt.add_argument("--min-count", type=int, default=30, help="cells with fewer copies keep offset 0")
+    gt.set_defaults(fn=_greedy_table)
+
     t = st.add_parser("fit", help="train the drafter on cached features (torchrun for several processes)")
     t.add_argument("--target", default="smollm2")
     t.add_argument("--features", required=True)
@@ -347,6 +418,15 @@ def add_train_parser(sub) -> None:
         ),
     ):
         t.add_argument(flag, action="store_true", help=what)
+    t.add_argument(
+        "--copy-extent-bounds",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="EXTENT",
+        help="split copies of copy_max_match tokens into classes by how far the match extends (e.g. 6 16 48; "
+        "docs/drafter.md, Copy classes); default: classes by match length alone",
+    )
     t.add_argument(
         "--copy-init",
         choices=("identity", "zero"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dspark.decoding.lookup import LookupConfig, LookupIndex
+from dspark.decoding.sources import copy_proposal, new_copy_index
 from dspark.models.block_inputs import copy_inputs
 from dspark.models.config import DrafterConfig
 
@@ -20,17 +20,17 @@ from dspark.models.config import DrafterConfig
 def anchor_continuations(
     input_ids: Tensor, anchors: Tensor, config: DrafterConfig
 ) -> tuple[list[list[int]], list[int]]:
-    """Per anchor, the lookup continuation (up to ``γ`` tokens) of the history ``x[0 .. a]`` and its match
-    length (0: none); ``input_ids`` ``(S,)``, ``anchors`` ``(A,)`` sorted."""
-    index = LookupIndex(LookupConfig(config.copy_min_match, config.copy_max_match))
+    """Per anchor, the lookup continuation (up to ``γ`` tokens) of the history ``x[0 .. a]`` and its copy class
+    (0: none; ``dspark.decoding.sources.copy_proposal``); ``input_ids`` ``(S,)``, ``anchors`` ``(A,)`` sorted."""
+    index = new_copy_index(config, [])
     ids = input_ids.tolist()
     conts, matches, done = [], [], 0
     for a in anchors.tolist():
         index.extend(ids[done : a + 1])
         done = a + 1
-        cont = index.propose(config.block_size)
+        cont, cls = copy_proposal(index, config.block_size)
         conts.append(cont)
-        matches.append(index.match_length if cont else 0)
+        matches.append(cls)
     return conts, matches
 
 

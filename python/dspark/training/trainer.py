@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
+from dspark.models.config import DrafterConfig
 from dspark.models.drafter import DSparkDrafter
 from dspark.training.features import FeatureCache
 from dspark.training.objective import (
@@ -168,7 +170,8 @@ def load_drafter_weights(
     folder's did until training opens them; ``copy_identity`` starts ``copy_proj`` at the identity instead (a
     copy prior: each slot's input then holds its copied token's embedding, which a tied LM head reads as that
     token's logit). ``tap_norm`` changes what ``fc`` reads and cannot start neutral: it is never allowed to be
-    missing.
+    missing. With it, a folder keyed by match length alone warm-starts a drafter with ``copy_extent_bounds``:
+    each extent class starts as the ``copy_max_match`` class it splits (:func:`widen_copy_classes`).
     """
     from dspark.models.block_inputs import init_input_modules
     from dspark.models.checkpoint import check_tensors, read_tensors
@@ -184,12 +187,41 @@ def load_drafter_weights(
         "copy_head.logit_bias",
         "copy_head.logit_gate",
         "copy_head.conf_bias",
+        "copy_head.greedy_bias",
     )
     if allow_missing_inputs and missing and all(k in neutral for k in missing):
         init_input_modules(drafter, drafter.embed_weight.detach(), copy_identity=copy_identity)
         tensors = {**tensors, **{k: own[k] for k in missing}}
+    if allow_missing_inputs:
+        tensors = widen_copy_classes(tensors, drafter.config)
     check_tensors(drafter.config, tensors, where=f"{what}: {path}")
     drafter.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own}, strict=True)
+
+
+# the tensors indexed by copy class, and the dimension it runs along
+COPY_CLASS_DIMS = {
+    "copy_embed.weight": 0,
+    "copy_head.logit_bias": -1,
+    "copy_head.conf_bias": -1,
+    "copy_head.greedy_bias": -1,
+}
+
+
+def widen_copy_classes(tensors: dict[str, Tensor], config: DrafterConfig) -> dict[str, Tensor]:
+    """``tensors`` with each copy-class tensor of a drafter keyed by match length alone (``copy_max_match + 1``
+    classes) widened to ``config``'s ``num_copy_classes``: an extent class starts as a copy of the
+    ``copy_max_match`` class it splits, so the drafter drafts as before until trained. Others are returned
+    as they are (``check_tensors`` judges them)."""
+    plain, wanted = config.copy_max_match + 1, config.num_copy_classes
+    if wanted == plain:
+        return tensors
+    source = torch.tensor([*range(plain), *[plain - 1] * (wanted - plain)])
+    out = dict(tensors)
+    for name, dim in COPY_CLASS_DIMS.items():
+        t = tensors.get(name)
+        if t is not None and t.shape[dim] == plain:
+            out[name] = t.index_select(dim % t.dim(), source)
+    return out
 
 
 def train(
