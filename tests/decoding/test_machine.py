@@ -42,6 +42,11 @@ def test_a_cpu_is_named_with_its_family_and_isa():
     # a table written before the family and ISA were recorded names the model only: compared by it
     assert same_machine(model, name) and profiled_elsewhere(here(device_name=model), CPU) is None
     assert not same_machine("Some Other CPU", name)
+    # a model name with parentheses of its own, as Intel's are
+    intel = "Intel(R) Xeon(R) Processor"
+    assert same_machine(intel, f"{intel} (family 6, AVX512)")
+    assert not same_machine(intel, "Intel(R) Xeon(R) Gold (family 6, AVX512)")
+    assert not same_machine(f"{intel} (family 6, AVX2)", f"{intel} (family 6, AVX512)")
 
 
 def table(metadata: dict) -> CostTable:

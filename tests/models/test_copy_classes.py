@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Copy classes (``copy_extent_bounds``): the config records and checks them, a copy's class is its match length
 or, for a ``copy_max_match`` match, its extent class (against a brute force), and a drafter keyed by match
-length alone warm-starts one with extent classes drafting exactly what it drafted."""
+length alone warm-starts one with extent classes drafting exactly what it drafted; the copy head's greedy table
+(``copy_greedy_bias``) moves greedy rows only."""
 
 from __future__ import annotations
 
@@ -151,48 +152,3 @@ def test_greedy_table_moves_greedy_rows_only(target):
             d.copy_head.greedy_bias.zero_()
     with pytest.raises(ValueError, match="copy_greedy_bias needs the copy head"):
         DrafterConfig.from_dict({**_drafter(target).config.to_dict(), "copy_greedy_bias": True})
-
-
-def test_greedy_term_trains_the_greedy_table_alone(target):
-    """The greedy cross-entropy sends a gradient to ``greedy_bias`` and to nothing else (the other gradients
-    are those of the loss without it), and its hit rate is the greedy draft's argmax match, written out."""
-    from dspark.training.features import Sample, loss_mask_for, target_features
-    from dspark.training.objective import LossWeights, packed_block_loss
-    from tests.training.test_copy_channel import _repetitive
-
-    d = _drafter(target, copy_head=True, copy_extent_bounds=[5], copy_greedy_bias=True)
-    with torch.no_grad():
-        d.copy_head.greedy_bias.normal_(generator=torch.Generator().manual_seed(1))
-    ids = _repetitive(64)
-    feats, last = target_features(target, ids, d.config.target_layer_ids)
-    seq = Sample(ids, loss_mask_for(4, ids.numel()), feats, last)
-    anchors = torch.arange(8, 58, 3)
-
-    def grads(greedy_weight: float):
-        d.zero_grad(set_to_none=True)
-        out = packed_block_loss(d, [seq], [anchors], LossWeights(greedy=greedy_weight))
-        out.loss.backward()
-        return out, {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
-
-    with_term, g1 = grads(1.0)
-    without, g0 = grads(0.0)
-    assert g1["copy_head.greedy_bias"].abs().sum() > 0
-    assert "copy_head.greedy_bias" not in g0 or g0["copy_head.greedy_bias"].abs().sum() == 0
-    for name, g in g0.items():
-        if name != "copy_head.greedy_bias":
-            torch.testing.assert_close(g1[name], g, atol=1e-6, rtol=1e-5, msg=name)
-    assert float(with_term.greedy) > 0 and with_term.greedy_match.shape == (d.config.block_size,)
-    # the hit rate written out: argmax of the served greedy logits (teacher-forced Markov bias) vs the target's
-    from dspark.training.objective import block_hidden, block_labels, packed_copy_inputs
-
-    with torch.no_grad():
-        copy = packed_copy_inputs(d.config, [ids], [anchors], d.device)
-        h = block_hidden(d, feats, ids, anchors)
-        U = d.copy_head.add_to_logits(torch.nn.functional.linear(h, d.lm_head_weight), h, *copy)
-        labels, counted, prev = block_labels(ids, seq.loss_mask, anchors, d.config.block_size)
-        z = U + torch.nn.functional.linear(d.markov_head.markov_w1(prev), d.markov_head.markov_w2.weight)
-        zg = d.copy_head.add_greedy_bonus(z, *copy)
-        rows = (anchors.unsqueeze(1) + torch.arange(d.config.block_size)).clamp(max=ids.numel() - 1)
-        want = torch.nn.functional.linear(last[rows], d.lm_head_weight).argmax(-1)
-        hit = ((zg.argmax(-1) == want) & counted).sum(0) / counted.sum(0).clamp_min(1)
-    torch.testing.assert_close(with_term.greedy_match, hit.float())

@@ -21,7 +21,9 @@ from tests.training.test_copy_channel import _drafter, _repetitive, frozen_targe
 def _synthetic(n: int, g: int, classes: int, seed: int) -> CopyMargins:
     rng = random.Random(seed)
     cls = torch.tensor([rng.randrange(classes) for _ in range(n)])
-    margin = torch.tensor([[rng.choice([float("-inf"), rng.uniform(-6, 6)]) for _ in range(g)] for _ in range(n)])
+    margin = torch.tensor(
+        [[rng.choice([float("-inf"), rng.uniform(-6, 6)]) for _ in range(g)] for _ in range(n)]
+    )
     copy_right = torch.tensor([[rng.random() < 0.6 for _ in range(g)] for _ in range(n)]) & margin.isfinite()
     other_right = torch.tensor([[rng.random() < 0.4 for _ in range(g)] for _ in range(n)]) & ~copy_right
     counted = torch.tensor([[j < rng.randrange(1, g + 1) for j in range(g)] for _ in range(n)])
@@ -48,7 +50,11 @@ def _brute(m: CopyMargins, classes: int, min_count: int, replay: bool = True) ->
                 scores = [sum(_hit(m, i, j, b) for i in cell) for b in betas]
                 table[j, c] = betas[scores.index(max(scores))]
         for i in range(n):
-            ok = _hit(m, i, j, float(table[j, int(m.cls[i])])) if m.margin[i, j].isfinite() else _hit(m, i, j, 0)
+            ok = (
+                _hit(m, i, j, float(table[j, int(m.cls[i])]))
+                if m.margin[i, j].isfinite()
+                else _hit(m, i, j, 0)
+            )
             alive[i] = alive[i] and ok and (j + 1 < g and bool(m.counted[i, j + 1]))
     return table
 

@@ -5,6 +5,7 @@ verifies that do not pay here (docs/profiling.md)."""
 from __future__ import annotations
 
 import platform
+import re
 import warnings
 
 import torch
@@ -40,10 +41,14 @@ def machine_name(device: torch.device) -> str:
     return f"{model} ({', '.join(details)})"
 
 
+# the details machine_name appends to a CPU's model name (which may hold parentheses itself: "Intel(R) Xeon(R)")
+_DETAILS = re.compile(r" \([^()]*\)$")
+
+
 def same_machine(profiled: str, here: str) -> bool:
     """Whether a table's ``device_name`` names this machine; a name written before the family and ISA were
-    recorded (no parenthesis) is compared with the model name alone."""
-    return profiled == here or ("(" not in profiled and profiled == here.split(" (", 1)[0])
+    recorded (no trailing details) is compared with the model name alone."""
+    return profiled == here or (not _DETAILS.search(profiled) and profiled == _DETAILS.sub("", here))
 
 
 def profiled_elsewhere(metadata: dict, device: torch.device) -> str | None:
