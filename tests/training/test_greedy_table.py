@@ -14,7 +14,7 @@ import torch
 
 from dspark.models.drafter import DSparkDrafter
 from dspark.training.features import FeatureCache
-from dspark.training.greedy_table import GRID, CopyMargins, copy_margins, fit_greedy_table, set_greedy_table
+from dspark.training.greedy_table import GRID, CopyMargins, copy_margins, fit_greedy_table
 from tests.training.test_copy_channel import _drafter, _repetitive, frozen_target
 
 
@@ -90,7 +90,7 @@ def _cache(target, d, tmp_path) -> FeatureCache:
 
 def test_margins_agree_with_served_greedy_drafts(target, tmp_path):
     """At the first slot, serving with greedy offset β drafts the copy exactly when ``margin + β > 0``."""
-    d = _drafter(target, copy_head=True, copy_extent_bounds=[5])
+    d = _drafter(target, copy_head=True, copy_extent_bounds=[5], copy_greedy_bias=True)
     with torch.no_grad():
         d.copy_head.logit_bias.normal_(generator=torch.Generator().manual_seed(0))
     cache = _cache(target, d, tmp_path)
@@ -102,7 +102,6 @@ def test_margins_agree_with_served_greedy_drafts(target, tmp_path):
 
     tok, cls = packed_copy_inputs(d.config, [ids], [anchors], d.device)
     assert m.margin.shape == (anchors.numel(), d.config.block_size) and torch.equal(m.cls, cls)
-    set_greedy_table(d, torch.zeros(d.config.block_size, d.config.num_copy_classes))
     checked = 0
     for beta in (-2.0, 0.0, 3.0):
         with torch.no_grad():

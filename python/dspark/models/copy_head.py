@@ -21,7 +21,7 @@ With ``copy_greedy_bias`` a second table ``greedy_bias[j, n]`` is added to the b
 (temperature 0), at sampling (``DraftSteps.sample``): a greedy round accepts a draft by whether it is the
 target's argmax, so there the copy should win whenever it is more often the argmax than the drafter's own
 choice, while at T > 0 the bonus is also the mass ``q`` puts on the copy, which the L1 term keeps moderate. It
-is trained by a cross-entropy to the target's argmax (``dspark.training.objective``).
+is fitted by counting greedy hits (``dspark.training.greedy_table``).
 
 Zeros (the fresh values) leave the drafter as it was. Like the copy channel the inputs are a function of the
 history alone, so the round stays exact (DESIGN §4.5): the bonus is part of ``q``, which the verifier reads.

@@ -205,12 +205,10 @@ def _vocab(args: argparse.Namespace) -> int:
 
 
 def _greedy_table(args: argparse.Namespace) -> int:
-    import shutil
-
     from dspark.models.drafter import DSparkDrafter
     from dspark.models.loading import load_target
     from dspark.training.features import FeatureCache
-    from dspark.training.greedy_table import copy_margins, fit_greedy_table, set_greedy_table
+    from dspark.training.greedy_table import copy_margins, fit_greedy_table, write_greedy_table
 
     src, out = Path(args.drafter), Path(args.out)
     if out.exists():
@@ -230,15 +228,7 @@ def _greedy_table(args: argparse.Namespace) -> int:
     n = len(cache) if args.limit is None else min(args.limit, len(cache))
     margins = copy_margins(drafter, cache, list(range(n)), progress=True)
     fit = fit_greedy_table(margins, c.num_copy_classes, args.min_count)
-    # the folder's own dtype for the copy (the copy head stays float32)
-    writer = DSparkDrafter.from_pretrained(src, target=target, dtype=c.dtype or torch.float32)
-    set_greedy_table(writer, fit.table)
-    shutil.copytree(src, out)
-    writer.save_pretrained(out, include_embeddings=False)
-    if (
-        src / "draft_vocab.json"
-    ).is_file():  # the same ids; the source's file also keeps how they were chosen
-        shutil.copy2(src / "draft_vocab.json", out / "draft_vocab.json")
+    write_greedy_table(src, out, fit.table)
     for j in range(c.block_size):
         cells = [
             f"n={k}: {fit.table[j, k]:+.2f} ({int(fit.hits_before[j, k])}->{int(fit.hits_after[j, k])}"

@@ -19,6 +19,8 @@ to the teacher-forced tokens.
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -137,13 +139,19 @@ def fit_greedy_table(m: CopyMargins, num_classes: int, min_count: int = 30) -> G
     return GreedyTable(table, count, before, after)
 
 
-def set_greedy_table(drafter: DSparkDrafter, table: Tensor) -> None:
-    """Give ``drafter``'s copy head the greedy table ``table`` ``(γ, C)`` (``copy_greedy_bias`` on)."""
-    head = drafter.copy_head
-    if head is None:
-        raise ValueError("drafter: has no copy head (copy_head: true); the greedy table is part of it")
-    want = tuple(head.logit_bias.shape)
+def write_greedy_table(src: str | os.PathLike, out: str | os.PathLike, table: Tensor) -> None:
+    """Copy the drafter folder ``src`` to the new folder ``out`` with ``table`` ``(γ, C)`` as its copy head's
+    greedy table (``copy_greedy_bias`` on); every other tensor (dtype included) and file as it was."""
+    from dspark.models.checkpoint import check_tensors, read_config, read_tensors, write_checkpoint
+
+    cfg = read_config(src)
+    if not cfg.copy_head:
+        raise ValueError(f"src: {src} has no copy head (copy_head: true); the greedy table is part of it")
+    want = (cfg.block_size, cfg.num_copy_classes)
     if tuple(table.shape) != want:
         raise ValueError(f"table: expected shape {want} (slots, copy classes), got {tuple(table.shape)}")
-    drafter.config.copy_greedy_bias = True
-    head.greedy_bias = torch.nn.Parameter(table.to(head.logit_bias), requires_grad=False)
+    cfg.copy_greedy_bias = True
+    tensors = {**read_tensors(src), "copy_head.greedy_bias": table.detach().float().cpu()}
+    check_tensors(cfg, tensors, where=f"out: {out}")
+    shutil.copytree(src, out)
+    write_checkpoint(out, cfg, tensors)  # config.json and the weights (shards, if any, rewritten as one file)
