@@ -45,6 +45,7 @@ def without_copy_head(path: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((path / "config.json").read_text())
     cfg.pop("copy_head", None)
+    cfg.pop("copy_greedy_bias", None)
     if not cfg.get("copy_channel"):
         for key in ("copy_min_match", "copy_max_match", "copy_extent_bounds"):
             cfg.pop(key, None)
