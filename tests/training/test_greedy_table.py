@@ -117,6 +117,8 @@ def test_margins_agree_with_served_greedy_drafts(target, tmp_path):
             checked += 1
     d.finish_all()
     assert checked >= 20
+    with pytest.raises(ValueError, match="no response anchors"):
+        copy_margins(d, cache, [])
 
 
 def test_greedy_table_cli(target, tmp_path, monkeypatch):

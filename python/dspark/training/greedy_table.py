@@ -87,6 +87,10 @@ def copy_margins(
         margin = torch.where(draftable, at_copy - best, float("-inf"))
         for k, t in enumerate((copy[1], margin, draftable & (tok == y), other_tok == y, counted)):
             parts[k].append(t.cpu())
+    if not parts[0]:
+        raise ValueError(
+            f"indices: the cached sequences {list(indices)[:8]} have no response anchors to count"
+        )
     cls, margin, copy_right, other_right, counted = (torch.cat(p) for p in parts)
     return CopyMargins(cls.long(), margin.float(), copy_right.bool(), other_right.bool(), counted.bool())
 
