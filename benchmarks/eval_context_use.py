@@ -59,9 +59,8 @@ def slot_match(
         a = torch.nonzero(m[:-1] & m[1:]).view(-1)[:anchors]
         hidden = block_hidden(drafter, perturb(s.features.float(), mode, gen), ids, a)
         U = F.linear(hidden, drafter.lm_head_weight)
-        if (
-            drafter.copy_head is not None
-        ):  # as served greedy: the copy head's bonus at each slot's copied token
+        # as served greedy: the copy head's bonus (and greedy table) at each slot's copied token
+        if drafter.copy_head is not None:
             copy = packed_copy_inputs(drafter.config, [ids], [a], U.device)
             U = drafter.copy_head.add_greedy_bonus(drafter.copy_head.add_to_logits(U, hidden, *copy), *copy)
         labels, inside, prev = block_labels(ids, m, a, g)

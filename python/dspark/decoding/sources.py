@@ -32,7 +32,6 @@ __all__ = [
     "LookupBlock",
     "block_scores",
     "copy_continuations",
-    "copy_lookup_config",
     "copy_proposal",
     "DrafterYield",
     "drafter_pays",
@@ -102,16 +101,13 @@ def look_up(requests: list[Request], width: int, table: AcceptanceTable) -> Look
     return LookupBlock(tokens, lengths, classes, proposals, survival, from_corpus)
 
 
-def copy_lookup_config(config: DrafterConfig) -> LookupConfig:
-    """The lookup rule of a drafter that reads copies: its match lengths and its copy classes' extent bounds."""
-    return LookupConfig(
+def new_copy_index(config: DrafterConfig, history: list[int]) -> LookupIndex:
+    """A request's index for a drafter that reads copies: the drafter's own match rule (and its copy classes'
+    extent bounds) over ``history``."""
+    rule = LookupConfig(
         config.copy_min_match, config.copy_max_match, extent_bounds=tuple(config.copy_extent_bounds)
     )
-
-
-def new_copy_index(config: DrafterConfig, history: list[int]) -> LookupIndex:
-    """A request's index for a drafter that reads copies: the drafter's own match rule over ``history``."""
-    index = LookupIndex(copy_lookup_config(config))
+    index = LookupIndex(rule)
     index.extend(history)
     return index
 

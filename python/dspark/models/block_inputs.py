@@ -13,8 +13,9 @@ config flag (off in DeepSpec's checkpoints, which then compute exactly what they
   earlier occurrence of the history's longest suffix of ``copy_min_match .. copy_max_match`` tokens; none where
   the continuation is shorter) is added to slot ``j``'s input as ``copy_proj(E[c_{j+1}])`` — each slot carries
   the copy's guess of its own label, ``x_{a+1+j}``, so that with an embedding tied to the LM head the residual
-  stream holds the copied token's logit direction directly — and ``copy_embed[n]`` (``n`` the copy class — the match
-  length, split by extent with ``copy_extent_bounds`` — 0 where slot ``j`` has no copied token) tells the block how sure the copy is;
+  stream holds the copied token's logit direction directly — and ``copy_embed[n]`` (``n`` the copy class: the
+  match length, split by extent with ``copy_extent_bounds``; 0 where slot ``j`` has no copied token) tells the
+  block how sure the copy is;
 * ``context_projection``: ``context_proj(row_{a-1})``, the last context row, added to every block row.
 
 The copy inputs are a function of the history alone, so drafting from them keeps the round exact (DESIGN §4.5).

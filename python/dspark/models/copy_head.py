@@ -56,10 +56,7 @@ class CopyHead(Float32Module):
         ``hidden`` ``(R, g, H)`` final-normed (``g ≤ γ``); ``copy_tokens`` ``(R, γ)`` int64, -1 for none;
         ``copy_match`` ``(R,)`` int64 copy class.
         """
-        g = hidden.shape[1]
-        tok = copy_tokens[:, :g]
-        n = copy_match.clamp(0, self.logit_bias.shape[1] - 1).unsqueeze(1).expand_as(tok)
-        slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
+        tok, slot, n = slot_classes(copy_tokens, copy_match, hidden.shape[1], self.logit_bias.shape[1])
         bonus = (
             self.logit_bias[slot, n] + (hidden.float() * self.logit_gate.float()).sum(-1) * self.gate_scale
         )
@@ -93,10 +90,7 @@ class CopyHead(Float32Module):
         towards the copy (module docstring). ``logits`` unchanged without a greedy table. Out of place."""
         if self.greedy_bias is None:
             return logits
-        g = logits.shape[1]
-        tok = copy_tokens[:, :g]
-        n = copy_match.clamp(0, self.greedy_bias.shape[1] - 1).unsqueeze(1).expand_as(tok)
-        slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
+        tok, slot, n = slot_classes(copy_tokens, copy_match, logits.shape[1], self.greedy_bias.shape[1])
         bonus = self.greedy_bias[slot, n] * (tok >= 0)
         if rows is not None:
             bonus = bonus * rows.to(bonus.device, bonus.dtype).unsqueeze(1)
@@ -109,16 +103,25 @@ class CopyHead(Float32Module):
         zero where the slot has no copy — and their weights ``(γ·2·C,)``, so that ``w · [h; e; f]`` adds
         ``conf_bias[j, follows, n]``. ``prev_tokens`` ``(R, g)``: the token before each slot (the anchor,
         then the drafts ``x_1 .. x_{g-1}``; the teacher-forced ones in training)."""
-        R, g = prev_tokens.shape
-        tok = copy_tokens[:, :g]
+        g = prev_tokens.shape[1]
         G, _, n_max = self.conf_bias.shape
-        n = copy_match.clamp(0, n_max - 1).unsqueeze(1).expand_as(tok)
+        tok, slot, n = slot_classes(copy_tokens, copy_match, g, n_max)
         follows = torch.ones_like(tok)
         follows[:, 1:] = (prev_tokens[:, 1:] == copy_tokens[:, : g - 1]).to(tok.dtype)
-        slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
         index = (slot * 2 + follows) * n_max + n
         feats = F.one_hot(index, G * 2 * n_max).float() * (tok >= 0).unsqueeze(-1)
         return feats, self.conf_bias.reshape(-1)
+
+
+def slot_classes(
+    copy_tokens: Tensor, copy_match: Tensor, g: int, num_classes: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The first ``g`` slots' copied tokens ``(R, g)`` (-1: none), slot indices and copy classes (clamped to
+    the tables' ``num_classes``), both ``(R, g)``: the cells of the copy head's tables."""
+    tok = copy_tokens[:, :g]
+    n = copy_match.clamp(0, num_classes - 1).unsqueeze(1).expand_as(tok)
+    slot = torch.arange(g, device=tok.device).unsqueeze(0).expand_as(tok)
+    return tok, slot, n
 
 
 def scatter_bonus(

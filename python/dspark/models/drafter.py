@@ -265,8 +265,8 @@ class DSparkDrafter(DraftSteps, nn.Module):
         With ``share_embeddings`` the target's embedding and LM head are aliased (frozen in training by the
         caller); otherwise they are copied. ``inputs``: the v2 input flags of
         :func:`~dspark.models.drafter_config.fresh_config` (``copy_channel``, ``context_projection``,
-        ``learned_mask``, ``tap_norm``, ``copy_head``, ``copy_min_match``, ``copy_max_match``, ``copy_extent_bounds``, ``copy_greedy_bias``;
-        docs/drafter.md).
+        ``learned_mask``, ``tap_norm``, ``copy_head``, ``copy_min_match``, ``copy_max_match``,
+        ``copy_extent_bounds``, ``copy_greedy_bias``; docs/drafter.md).
         """
         return new_drafter(
             cls,

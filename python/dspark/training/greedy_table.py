@@ -74,7 +74,8 @@ def copy_margins(
         _, counted, prev = block_labels(ids, mask, anchors, c.block_size)
         z = U if drafter.markov_head is None else _with_markov(drafter, U, prev, hidden, dv)
         rows = (anchors.unsqueeze(1) + torch.arange(c.block_size, device=dev)).clamp(max=ids.numel() - 1)
-        y = F.linear(s.last_hidden.to(dev).float()[rows], drafter.lm_head_weight.float()).argmax(-1)  # [A, g]
+        # the target's argmax once per position (the anchors' blocks overlap γ-fold)
+        y = F.linear(s.last_hidden.to(dev).float(), drafter.lm_head_weight.float()).argmax(-1)[rows]  # [A, g]
         tok = copy[0][:, : c.block_size]
         pos = tok.clamp_min(0)
         if dv is not None:
