@@ -5,8 +5,8 @@
 // the caches, so a step of few rows is bound by reading them. BLAS GEMMs re-pack the weight per call and
 // their few-row kernels grow with the rows (MKL fp32 on a 2-thread Xeon: 2.2x the 1-row time at 4 rows). Here
 // each thread owns a slice of the weight's rows: a block of w rows (4 with AVX-512, 3 with AVX2) stays in L1
-// while every tile of up to 4 rows of x is multiplied against it and the next block is prefetched, so w
-// streams from memory once whatever the row count, its reads overlapping the FMAs. Sums are fp32 with fused
+// while every tile of up to 6 (AVX-512) or 4 (AVX2) rows of x is multiplied against it and the next block is
+// prefetched, so w streams from memory once whatever the row count, its reads overlapping the FMAs. Sums are fp32 with fused
 // multiply-adds in a fixed order per (row, output): equal to F.linear to float rounding, and the same for any
 // thread count (threads split the outputs, not the sums).
 #include "checks/few_row_linear.h"
@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DSPARK_FEW_ROW_SIMD 1
@@ -69,7 +70,7 @@ DSPARK_TARGET_AVX512 inline __mmask16 tail16(int64_t k, int64_t K) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
 }
 
-// 4 outputs n..n+3 for MT (1..4) rows of x starting at row m0: 4·MT accumulators of 16 lanes, named one by
+// 4 outputs n..n+3 for MT (1..6) rows of x starting at row m0: 4·MT accumulators of 16 lanes, named one by
 // one (an array of them is kept on the stack by GCC, a store per FMA).
 #define DSPARK_FMA_ROW(i, load, fma)            \
   if constexpr (MT > i) {                       \
@@ -79,15 +80,6 @@ DSPARK_TARGET_AVX512 inline __mmask16 tail16(int64_t k, int64_t K) {
     a##i##2 = fma(xv, w2, a##i##2);             \
     a##i##3 = fma(xv, w3, a##i##3);             \
   }
-#define DSPARK_STORE_ROW(i, finish)   \
-  if constexpr (MT > i) {             \
-    float* yr = y + (m0 + i) * N + n; \
-    yr[0] = finish(a##i##0, i, 0);    \
-    yr[1] = finish(a##i##1, i, 1);    \
-    yr[2] = finish(a##i##2, i, 2);    \
-    yr[3] = finish(a##i##3, i, 3);    \
-  }
-
 // The same 64 bytes of the next block's ROWS weight rows: the rows are read while this block's products run
 // (without it the reads and the FMAs take turns). A prefetch past the end of the weight is a no-op.
 template <int ROWS = kOutBlock>
@@ -98,29 +90,84 @@ inline void prefetch_next_block(const float* p, int64_t K) {
 }
 
 DSPARK_TARGET_AVX512 inline __m512 load512(const float* p) { return _mm512_loadu_ps(p); }
-DSPARK_TARGET_AVX512 inline float finish512(__m512 v, const float* b, int64_t n) {
-  const float s = _mm512_reduce_add_ps(v);
-  return b == nullptr ? s : s + b[n];
+
+// The sums of 4 accumulators (one row of x, outputs n..n+3), each lane pairing the same as
+// _mm512_reduce_add_ps (lane i with i + 8, then j with j + 4, then 0 with 2 and 1 with 3, then the two): the
+// same floats, in 10 vector operations for the 4 instead of 4 x 8 (the shuffles share a port with the FMAs).
+DSPARK_TARGET_AVX512 inline __m128 reduce4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  // [a0 lo8 + a0 hi8 | a1 lo8 + a1 hi8], [a2 .. | a3 ..]
+  const __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  // 128-bit lane t holds accumulator t's lanes j + (j + 4)
+  const __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
+  const __m512 h = _mm512_add_ps(q, _mm512_permute_ps(q, 0x4E));  // lanes 0 + 2, 1 + 3
+  const __m512 s = _mm512_add_ps(h, _mm512_permute_ps(h, 0xB1));  // (0 + 2) + (1 + 3)
+  const __m512i first_of_each = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first_of_each, s));
 }
 
+#define DSPARK_STORE_ROW512(i)                                                             \
+  if constexpr (MT > i) {                                                                  \
+    __m128 s = reduce4_512(a##i##0, a##i##1, a##i##2, a##i##3);                            \
+    if (b != nullptr) s = _mm_add_ps(s, _mm_loadu_ps(b + n));                              \
+    _mm_storeu_ps(y + (m0 + i) * N + n, s);                                                \
+  }
+#define DSPARK_LOAD_ACC512(i)                        \
+  if constexpr (MT > i) {                            \
+    a##i##0 = _mm512_loadu_ps(acc + 64 * i);         \
+    a##i##1 = _mm512_loadu_ps(acc + 64 * i + 16);    \
+    a##i##2 = _mm512_loadu_ps(acc + 64 * i + 32);    \
+    a##i##3 = _mm512_loadu_ps(acc + 64 * i + 48);    \
+  }
+#define DSPARK_SAVE_ACC512(i)                        \
+  if constexpr (MT > i) {                            \
+    _mm512_storeu_ps(acc + 64 * i, a##i##0);         \
+    _mm512_storeu_ps(acc + 64 * i + 16, a##i##1);    \
+    _mm512_storeu_ps(acc + 64 * i + 32, a##i##2);    \
+    _mm512_storeu_ps(acc + 64 * i + 48, a##i##3);    \
+  }
+
+constexpr int64_t kRowTile512 = 6;        // rows of x per AVX-512 register tile
+constexpr int64_t kChunk512 = 768;        // columns per pass: a 6-row x chunk (18 KB) and the block's w (12 KB) in L1
+constexpr int64_t kPrefetchBlocks512 = 2;  // weight blocks ahead that are requested (into L2)
+
+// Outputs n..n+3 for MT (1..6) rows of x from row m0, columns [k0, k1): 4 · MT accumulators (24 of the 32
+// registers at 6 rows, the 4 weight vectors and one x vector beside them), 4 + MT loads per 4 · MT FMAs. The
+// sums continue from ``acc`` when k0 > 0 and are kept there when k1 < K (registers and memory hold the same
+// floats: chunking changes no sum's order). Each pass also requests weight rows [j0, j1) of the block
+// kPrefetchBlocks512 ahead over the same columns, so the passes of a block share the next reads evenly.
 template <int MT>
 DSPARK_TARGET_AVX512 void block_avx512(const float* x, const float* w, const float* b, float* y, int64_t m0,
-                                       int64_t N, int64_t K, int64_t n) {
+                                       int64_t N, int64_t K, int64_t n, int64_t k0, int64_t k1, float* acc,
+                                       int j0, int j1) {
   const __m512 zero = _mm512_setzero_ps();
   __m512 a00 = zero, a01 = zero, a02 = zero, a03 = zero, a10 = zero, a11 = zero, a12 = zero, a13 = zero;
   __m512 a20 = zero, a21 = zero, a22 = zero, a23 = zero, a30 = zero, a31 = zero, a32 = zero, a33 = zero;
+  __m512 a40 = zero, a41 = zero, a42 = zero, a43 = zero, a50 = zero, a51 = zero, a52 = zero, a53 = zero;
+  if (k0 > 0) {
+    DSPARK_LOAD_ACC512(0)
+    DSPARK_LOAD_ACC512(1)
+    DSPARK_LOAD_ACC512(2)
+    DSPARK_LOAD_ACC512(3)
+    DSPARK_LOAD_ACC512(4)
+    DSPARK_LOAD_ACC512(5)
+  }
   const float *r0 = w + n * K, *r1 = r0 + K, *r2 = r1 + K, *r3 = r2 + K;
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    prefetch_next_block(r0 + k, K);
+  const float* ahead = r0 + kPrefetchBlocks512 * kOutBlock * K;  // past the weight: a no-op prefetch
+  const int64_t k16 = k0 + (k1 - k0) / 16 * 16;
+  int64_t k = k0;
+  for (; k < k16; k += 16) {
+    for (int j = j0; j < j1; ++j) _mm_prefetch(reinterpret_cast<const char*>(ahead + j * K + k), _MM_HINT_T1);
     const __m512 w0 = load512(r0 + k), w1 = load512(r1 + k), w2 = load512(r2 + k), w3 = load512(r3 + k);
     DSPARK_FMA_ROW(0, load512, _mm512_fmadd_ps)
     DSPARK_FMA_ROW(1, load512, _mm512_fmadd_ps)
     DSPARK_FMA_ROW(2, load512, _mm512_fmadd_ps)
     DSPARK_FMA_ROW(3, load512, _mm512_fmadd_ps)
+    DSPARK_FMA_ROW(4, load512, _mm512_fmadd_ps)
+    DSPARK_FMA_ROW(5, load512, _mm512_fmadd_ps)
   }
-  if (k < K) {  // the last K % 16 columns: masked loads read nothing past the rows
-    const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
+  if (k < k1) {  // the last K % 16 columns (chunks end on multiples of 16 before K): masked loads read nothing past
+    const __mmask16 mask = static_cast<__mmask16>((1u << (k1 - k)) - 1u);
 #define DSPARK_TAIL_LOAD(p) _mm512_maskz_loadu_ps(mask, p)
     const __m512 w0 = DSPARK_TAIL_LOAD(r0 + k), w1 = DSPARK_TAIL_LOAD(r1 + k);
     const __m512 w2 = DSPARK_TAIL_LOAD(r2 + k), w3 = DSPARK_TAIL_LOAD(r3 + k);
@@ -128,33 +175,60 @@ DSPARK_TARGET_AVX512 void block_avx512(const float* x, const float* w, const flo
     DSPARK_FMA_ROW(1, DSPARK_TAIL_LOAD, _mm512_fmadd_ps)
     DSPARK_FMA_ROW(2, DSPARK_TAIL_LOAD, _mm512_fmadd_ps)
     DSPARK_FMA_ROW(3, DSPARK_TAIL_LOAD, _mm512_fmadd_ps)
+    DSPARK_FMA_ROW(4, DSPARK_TAIL_LOAD, _mm512_fmadd_ps)
+    DSPARK_FMA_ROW(5, DSPARK_TAIL_LOAD, _mm512_fmadd_ps)
 #undef DSPARK_TAIL_LOAD
   }
-#define DSPARK_FINISH(v, i, j) finish512(v, b, n + j)
-  DSPARK_STORE_ROW(0, DSPARK_FINISH)
-  DSPARK_STORE_ROW(1, DSPARK_FINISH)
-  DSPARK_STORE_ROW(2, DSPARK_FINISH)
-  DSPARK_STORE_ROW(3, DSPARK_FINISH)
-#undef DSPARK_FINISH
+  if (k1 < K) {
+    DSPARK_SAVE_ACC512(0)
+    DSPARK_SAVE_ACC512(1)
+    DSPARK_SAVE_ACC512(2)
+    DSPARK_SAVE_ACC512(3)
+    DSPARK_SAVE_ACC512(4)
+    DSPARK_SAVE_ACC512(5)
+    return;
+  }
+  DSPARK_STORE_ROW512(0)
+  DSPARK_STORE_ROW512(1)
+  DSPARK_STORE_ROW512(2)
+  DSPARK_STORE_ROW512(3)
+  DSPARK_STORE_ROW512(4)
+  DSPARK_STORE_ROW512(5)
 }
 
 DSPARK_TARGET_AVX512 void outputs_avx512(const float* x, const float* w, const float* b, float* y, int64_t M,
                                          int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  const int64_t tiles = (M + kRowTile512 - 1) / kRowTile512;
+  // partial sums of every tile between column chunks (only when K > kChunk512)
+  std::vector<float> partial(K > kChunk512 ? static_cast<size_t>(64 * kRowTile512 * tiles) : 0);
   for (int64_t n = n0; n < n1; n += kOutBlock) {
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) block_avx512<4>(x, w, b, y, m, N, K, n);
-    switch (M - m) {
-      case 3:
-        block_avx512<3>(x, w, b, y, m, N, K, n);
-        break;
-      case 2:
-        block_avx512<2>(x, w, b, y, m, N, K, n);
-        break;
-      case 1:
-        block_avx512<1>(x, w, b, y, m, N, K, n);
-        break;
-      default:
-        break;
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk512) {
+      const int64_t k1 = std::min(K, k0 + kChunk512);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m = t * kRowTile512;
+        float* acc = partial.empty() ? nullptr : partial.data() + 64 * kRowTile512 * t;
+        const int j0 = static_cast<int>(kOutBlock * t / tiles), j1 = static_cast<int>(kOutBlock * (t + 1) / tiles);
+        switch (std::min(kRowTile512, M - m)) {
+          case 6:
+            block_avx512<6>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+            break;
+          case 5:
+            block_avx512<5>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+            break;
+          case 4:
+            block_avx512<4>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+            break;
+          case 3:
+            block_avx512<3>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+            break;
+          case 2:
+            block_avx512<2>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+            break;
+          default:
+            block_avx512<1>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+            break;
+        }
+      }
     }
   }
 }

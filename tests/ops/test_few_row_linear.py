@@ -31,9 +31,9 @@ def cpu_path(request, monkeypatch):
     return request.param
 
 
-# rows across the 4-row (AVX-512) / 2-row (AVX2) tiles, outputs across the 4-output blocks and their
-# remainder, columns across the 16 / 8-lane vectors and their masked / scalar tails
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 13, 32, 48, 64])
+# rows across the 6-row (AVX-512) / 4-row (AVX2) tiles and every remainder, outputs across the 4-output blocks
+# and their remainder, columns across the 16 / 8-lane vectors and their masked / scalar tails
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 6, 7, 8, 11, 13, 32, 48, 64])
 @pytest.mark.parametrize("N,K", [(4, 16), (7, 9), (130, 64), (97, 577), (256, 1536)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_reference(cpu_path, M, N, K, bias):
@@ -56,6 +56,16 @@ def test_the_comparison_sees_one_wrong_output(cpu_path):
 def test_agrees_with_f_linear_on_a_model_shape():
     x, w, b = _inputs(8, 1536, 576, seed=1)
     torch.testing.assert_close(dspark.ops.few_row_linear(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("M", [6, 11, 16])
+def test_a_row_gets_the_same_floats_alone_or_in_a_tile(cpu_path, M):
+    # each (row, output) is summed in one order whatever tile it lands in: the first row of a 6-row tile,
+    # a remainder tile and a lone row agree bit for bit
+    x, w, b = _inputs(M, 130, 577, seed=M)
+    together = dspark.ops.few_row_linear(x, w, b)
+    for i in range(M):
+        assert torch.equal(together[i], dspark.ops.few_row_linear(x[i : i + 1], w, b)[0]), f"row {i}"
 
 
 def test_thread_count_does_not_change_a_bit(cpu_path):

@@ -137,12 +137,12 @@ def _x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-# the rows dspark::few_row_linear takes (docs/benchmarks.md). AVX-512 (2-thread Xeon, SmolLM2-135M's weights):
-# 1.0-1.1x F.linear at 1-3 rows, 1.6-2.0x at 4-16, 1.1-1.2x at 24-32, 0.8x at 48. AVX2 only (2-thread Zen 3,
-# 3 x 4 register tiles): whole SmolLM2 forwards of 8 requests 1.24-1.59x faster with it than with F.linear at
-# 40-64 rows.
+# the rows dspark::few_row_linear takes (docs/benchmarks.md). AVX-512 (2-thread Xeon with AMX, SmolLM2-135M's
+# weights, 6 x 4 register tiles): 1.0-1.1x F.linear at 1-3 rows, 1.6-2.0x at 4-16, 1.3-1.5x at 24-32, 1.2x at
+# 48-64. AVX2 only (2-thread Zen 3, 3 x 4 register tiles): whole SmolLM2 forwards of 8 requests 1.24-1.59x
+# faster with it than with F.linear at 40-64 rows.
 OP_MIN_ROWS = 1
-OP_MAX_ROWS = 64 if torch.backends.cpu.get_cpu_capability() == "AVX2" else 32
+OP_MAX_ROWS = 64
 OP_MIN_NUMEL = 1 << 16  # smaller weights sit in cache, where the per-call cost matters more than the reads
 
 
