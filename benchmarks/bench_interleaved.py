@@ -19,7 +19,8 @@ cached, or profiled before the first repeat) instead of ``--costs``, a ``+w<N>``
 ``N`` tokens (``LookupConfig(max_tokens=N)``; default 16 for hybrid, 8 for lookup), a ``+noextent`` suffix
 classes lookup acceptance by match length alone (``LookupConfig(extent_bounds=())``: the prior's extent classes
 pooled), a ``+corpus`` suffix also drafts from the run's earlier answers (``LookupConfig(corpus_tokens=
-DEFAULT_CORPUS_TOKENS)``; emptied before each timed run). The drafter is the bundled one (its cost table, STS and
+DEFAULT_CORPUS_TOKENS)``; emptied before each timed run), a ``+throughput`` suffix plans every round for
+throughput (``finish_together=False``: docs/decoder.md "When no prompt waits"). The drafter is the bundled one (its cost table, STS and
 lookup prior).
 """
 
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS),
-        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+noextent] [+corpus] [+w<N>]",
+        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+noextent] [+corpus] [+throughput] [+w<N>]",
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument(
@@ -86,10 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "local",
             "noextent",
             "corpus",
+            "throughput",
         }:
             ap.error(
                 f"--methods: {m!r} is not one of {METHODS} (optionally with +measured / +always / +local / "
-                "+noextent / +corpus / +w<N>, N >= 1)"
+                "+noextent / +corpus / +throughput / +w<N>, N >= 1)"
             )
     if "engine" not in args.methods:
         args.methods.insert(0, "engine")  # every ratio is to it
@@ -136,6 +138,7 @@ def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.
             lookup=lookup,
             lookup_prior=bench["prior"] if lookup else None,
             measure_costs="measured" in options,
+            finish_together="throughput" not in options,
         )
 
 

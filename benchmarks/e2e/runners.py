@@ -225,6 +225,7 @@ def run_dspark(
     lookup: bool | LookupConfig = False,
     lookup_prior: Path | None = None,
     measure_costs: bool = False,
+    finish_together: bool = True,
 ) -> Run:
     """``DSparkDecoder.generate`` on all prompts, ``batch`` requests at a time (finished ones are replaced).
 
@@ -246,6 +247,7 @@ def run_dspark(
         lookup_prior=lookup_prior if lookup else None,
         # measured costs correct a cost table; plain decoding has none to correct
         measure_costs=measure_costs and sps is not None and (drafter is not None or lookup),
+        finish_together=finish_together,
     )
     try:
         # explicit sampling settings: the target's generation config must not add top-k / top-p / penalties

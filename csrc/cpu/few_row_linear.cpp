@@ -6,9 +6,9 @@
 // their few-row kernels grow with the rows (MKL fp32 on a 2-thread Xeon: 2.2x the 1-row time at 4 rows). Here
 // each thread owns a slice of the weight's rows: a block of w rows (4 with AVX-512, 3 with AVX2) stays in L1
 // while every tile of up to 6 (AVX-512) or 4 (AVX2) rows of x is multiplied against it and the next block is
-// prefetched, so w streams from memory once whatever the row count, its reads overlapping the FMAs. Sums are fp32 with fused
-// multiply-adds in a fixed order per (row, output): equal to F.linear to float rounding, and the same for any
-// thread count (threads split the outputs, not the sums).
+// prefetched, so w streams from memory once whatever the row count, its reads overlapping the FMAs. Sums are
+// fp32 with fused multiply-adds in a fixed order per (row, output): equal to F.linear to float rounding, and
+// the same for any thread count (threads split the outputs, not the sums).
 #include "checks/few_row_linear.h"
 
 #include <ATen/Parallel.h>
@@ -106,29 +106,30 @@ DSPARK_TARGET_AVX512 inline __m128 reduce4_512(__m512 a0, __m512 a1, __m512 a2, 
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(first_of_each, s));
 }
 
-#define DSPARK_STORE_ROW512(i)                                                             \
-  if constexpr (MT > i) {                                                                  \
-    __m128 s = reduce4_512(a##i##0, a##i##1, a##i##2, a##i##3);                            \
-    if (b != nullptr) s = _mm_add_ps(s, _mm_loadu_ps(b + n));                              \
-    _mm_storeu_ps(y + (m0 + i) * N + n, s);                                                \
+#define DSPARK_STORE_ROW512(i)                                  \
+  if constexpr (MT > i) {                                       \
+    __m128 s = reduce4_512(a##i##0, a##i##1, a##i##2, a##i##3); \
+    if (b != nullptr) s = _mm_add_ps(s, _mm_loadu_ps(b + n));   \
+    _mm_storeu_ps(y + (m0 + i) * N + n, s);                     \
   }
-#define DSPARK_LOAD_ACC512(i)                        \
-  if constexpr (MT > i) {                            \
-    a##i##0 = _mm512_loadu_ps(acc + 64 * i);         \
-    a##i##1 = _mm512_loadu_ps(acc + 64 * i + 16);    \
-    a##i##2 = _mm512_loadu_ps(acc + 64 * i + 32);    \
-    a##i##3 = _mm512_loadu_ps(acc + 64 * i + 48);    \
+#define DSPARK_LOAD_ACC512(i)                     \
+  if constexpr (MT > i) {                         \
+    a##i##0 = _mm512_loadu_ps(acc + 64 * i);      \
+    a##i##1 = _mm512_loadu_ps(acc + 64 * i + 16); \
+    a##i##2 = _mm512_loadu_ps(acc + 64 * i + 32); \
+    a##i##3 = _mm512_loadu_ps(acc + 64 * i + 48); \
   }
-#define DSPARK_SAVE_ACC512(i)                        \
-  if constexpr (MT > i) {                            \
-    _mm512_storeu_ps(acc + 64 * i, a##i##0);         \
-    _mm512_storeu_ps(acc + 64 * i + 16, a##i##1);    \
-    _mm512_storeu_ps(acc + 64 * i + 32, a##i##2);    \
-    _mm512_storeu_ps(acc + 64 * i + 48, a##i##3);    \
+#define DSPARK_SAVE_ACC512(i)                     \
+  if constexpr (MT > i) {                         \
+    _mm512_storeu_ps(acc + 64 * i, a##i##0);      \
+    _mm512_storeu_ps(acc + 64 * i + 16, a##i##1); \
+    _mm512_storeu_ps(acc + 64 * i + 32, a##i##2); \
+    _mm512_storeu_ps(acc + 64 * i + 48, a##i##3); \
   }
 
-constexpr int64_t kRowTile512 = 6;        // rows of x per AVX-512 register tile
-constexpr int64_t kChunk512 = 768;        // columns per pass: a 6-row x chunk (18 KB) and the block's w (12 KB) in L1
+constexpr int64_t kRowTile512 = 6;  // rows of x per AVX-512 register tile
+constexpr int64_t kChunk512 =
+    768;  // columns per pass: a 6-row x chunk (18 KB) and the block's w (12 KB) in L1
 constexpr int64_t kPrefetchBlocks512 = 2;  // weight blocks ahead that are requested (into L2)
 
 // Outputs n..n+3 for MT (1..6) rows of x from row m0, columns [k0, k1): 4 · MT accumulators (24 of the 32
@@ -166,7 +167,8 @@ DSPARK_TARGET_AVX512 void block_avx512(const float* x, const float* w, const flo
     DSPARK_FMA_ROW(4, load512, _mm512_fmadd_ps)
     DSPARK_FMA_ROW(5, load512, _mm512_fmadd_ps)
   }
-  if (k < k1) {  // the last K % 16 columns (chunks end on multiples of 16 before K): masked loads read nothing past
+  if (k < k1) {  // the last K % 16 columns (chunks end on multiples of 16 before K): masked loads read
+                 // nothing past
     const __mmask16 mask = static_cast<__mmask16>((1u << (k1 - k)) - 1u);
 #define DSPARK_TAIL_LOAD(p) _mm512_maskz_loadu_ps(mask, p)
     const __m512 w0 = DSPARK_TAIL_LOAD(r0 + k), w1 = DSPARK_TAIL_LOAD(r1 + k);
@@ -207,7 +209,8 @@ DSPARK_TARGET_AVX512 void outputs_avx512(const float* x, const float* w, const f
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m = t * kRowTile512;
         float* acc = partial.empty() ? nullptr : partial.data() + 64 * kRowTile512 * t;
-        const int j0 = static_cast<int>(kOutBlock * t / tiles), j1 = static_cast<int>(kOutBlock * (t + 1) / tiles);
+        const int j0 = static_cast<int>(kOutBlock * t / tiles),
+                  j1 = static_cast<int>(kOutBlock * (t + 1) / tiles);
         switch (std::min(kRowTile512, M - m)) {
           case 6:
             block_avx512<6>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);

@@ -112,6 +112,12 @@ class DSparkDecoder:
         (:class:`dspark.decoding.measured_costs.MeasuredCosts`). CPU only (host times measure the device's work
         there). The output distribution is unchanged, but verify lengths then depend on timings, so a seeded
         sampled call is not reproducible run to run. Default off.
+    finish_together : bool
+        When no prompt waits for a slot, the call ends with the last running request: a cost-driven planner
+        then spends verify rows on the requests predicted to finish last and lets those far ahead verify fewer
+        (docs/decoder.md "When no prompt waits"). Shortens a batch's wall time, not any request's output
+        distribution; ``False`` plans every round for throughput (e.g. when streams' own latencies matter).
+        Default on.
     """
 
     def __init__(
@@ -135,6 +141,7 @@ class DSparkDecoder:
         lookup_prior: str | Path | dict | None = None,
         cuda_graphs: bool | GraphBuckets = False,
         measure_costs: bool = False,
+        finish_together: bool = True,
     ) -> None:
         # every argument is checked before the target is touched (TargetAdapter switches its attention last)
         if drafter is not None:
@@ -162,6 +169,8 @@ class DSparkDecoder:
             max_kv_pages = as_int("max_kv_pages", max_kv_pages, lo=1)
         if not isinstance(measure_costs, bool):
             raise TypeError(f"measure_costs: expected a bool, got {type(measure_costs).__name__}")
+        if not isinstance(finish_together, bool):
+            raise TypeError(f"finish_together: expected a bool, got {type(finish_together).__name__}")
         measuring = measure_costs or (isinstance(planner, Planner) and planner.measured is not None)
         if measuring and _device_type(target) != "cpu":
             raise ValueError(
@@ -200,6 +209,7 @@ class DSparkDecoder:
         self.vocab_size = int(target_text_config(target).vocab_size)
         self.taps = list(drafter.config.target_layer_ids) if drafter is not None else []
         self.adaptive_slots = bool(adaptive_slots)
+        self.finish_together = finish_together
         self.round_observer = round_observer
         self.max_positions = getattr(target_text_config(target), "max_position_embeddings", None)
         self.stats = DSparkStats(gamma=self.round_width)
@@ -399,6 +409,7 @@ class DSparkDecoder:
                 elif active:
                     self._make_room(call, active, waiting, failed)
                     if active:
+                        call.finish_together = self.finish_together and not waiting
                         self._round(call, active)
                 for r in failed + active:
                     yield from r.events

@@ -17,9 +17,41 @@ from dspark.decoding.tables import CostTable, SpsTable, read_json
 from dspark.host_sync import to_device
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
 
-__all__ = ["PlanResult", "Planner", "SpsTable"]  # SpsTable: read from here by older imports
+__all__ = [
+    "PlanResult",
+    "Planner",
+    "SpsTable",
+    "finish_together_weights",
+]  # SpsTable: read from here by older imports
 
 logger = logging.getLogger("dspark.planner")
+
+
+# how fast the weight of a request predicted to finish before the last one falls: 0.43 at 0.9 of the last one's
+# rounds, 0.17 at 0.8, 0.04 at 2/3 (docs/decoder.md "When no prompt waits")
+FINISH_TOGETHER_POWER = 8.0
+
+
+def finish_together_weights(
+    remaining: Sequence[int], rates: Sequence[float], power: float = FINISH_TOGETHER_POWER
+) -> Tensor:
+    """Weights ``(R,)`` float32 in ``[0, 1]`` of each request's survival when the running requests are the last.
+
+    Request ``r`` is predicted to need ``f_r = remaining[r] / rates[r]`` more rounds (tokens it may still emit
+    over the tokens per round it has emitted so far); the call ends with the last of them, so a verified row pays
+    for the call in proportion to how likely its request is to be that one: ``w_r = (f_r / max f) ** power``.
+    Requests far ahead then verify their anchors (and only sure drafts) and fall back; the last ones keep their
+    full plans. History only (no draft is read): the output distribution is unchanged.
+    """
+    if len(remaining) != len(rates):
+        raise ValueError(f"finish_together_weights: {len(remaining)} remaining counts for {len(rates)} rates")
+    if any(n < 0 for n in remaining) or any(not rate > 0 for rate in rates):
+        raise ValueError("finish_together_weights: remaining counts must be >= 0 and rates > 0")
+    rounds = torch.tensor([n / rate for n, rate in zip(remaining, rates, strict=True)], dtype=torch.float32)
+    last = float(rounds.max()) if len(rounds) else 0.0
+    if last <= 0.0:
+        return torch.ones(len(rounds))
+    return (rounds / last) ** power
 
 
 @dataclass

@@ -59,6 +59,17 @@ class Request:
     copy_index: LookupIndex | None = None  # the same for a drafter's copy channel (its own match rule)
     # target features of rows committed in rounds the drafter skipped, fed to its context before it next drafts
     pending_context: list = field(default_factory=list)
+    commits: int = 0  # rounds (prefill included) that committed tokens of this request
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Tokens it may still emit before ``max_new_tokens`` (an EOS or stop string may end it sooner)."""
+        return max(self.stop.max_new_tokens - len(self.generated), 0)
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Tokens committed per round so far, with one round of one token as a prior (1.0 before any)."""
+        return (len(self.generated) + 1) / (self.commits + 1)
 
     @property
     def generated(self) -> list[int]:
@@ -75,6 +86,7 @@ class Request:
     def commit(self, tokens: list[int]) -> list[int]:
         """Apply the stop rules to this round's tokens, queue their stream event; returns the tokens kept."""
         kept = self.stop.commit(tokens)
+        self.commits += 1
         for index in (self.lookup, self.copy_index):
             if index is not None:
                 index.extend(kept)

@@ -24,7 +24,7 @@ from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.inputs import SamplingConfig
 from dspark.decoding.lookup import LookupConfig, LookupIndex
 from dspark.decoding.lookup_corpus import LookupCorpus
-from dspark.decoding.planner import Planner
+from dspark.decoding.planner import Planner, finish_together_weights
 from dspark.decoding.request import Request
 from dspark.decoding.sampling import accept_drafts, sample_next
 from dspark.decoding.sources import (
@@ -83,6 +83,7 @@ class CallState:
     offset: int = 0
     lookup: bool = False  # lookup drafts (the decoder's ``lookup``, γ > 0 and speculative=True)
     rounds_without_drafter: int = 0  # consecutive rounds whose drafter was skipped (drafter_pays)
+    finish_together: bool = False  # no prompt waits for a slot: plan for the running requests' last one
 
     def take_offset(self) -> int:
         self.offset += 1
@@ -326,12 +327,20 @@ def choose_sources(engine: Engine, r: RoundState) -> None:
 
 def plan(engine: Engine, call: CallState, r: RoundState) -> None:
     """Verify lengths (anchor + admitted drafts) from the survival, at most each block's length; every draft
-    without a confidence head or lookup."""
+    without a confidence head or lookup. When the running requests are the call's last (``finish_together``),
+    a cost-driven plan weighs each request's survival by how likely it is to finish last
+    (:func:`finish_together_weights`: history only)."""
     R, g = len(r.requests), r.slots
     r.verify_len, r.budget = torch.full((R,), g + 1, dtype=torch.int32), R * g
     if r.survival is None:  # nothing to plan with (DFlash)
         return
-    result = engine.planner.plan(r.survival, r.ids, drafter=r.run_drafter)
+    survival = r.survival
+    if call.finish_together and engine.planner.effective_mode in ("early_stop", "lagged_topk"):
+        weights = finish_together_weights(
+            [q.remaining_tokens for q in r.requests], [q.tokens_per_round for q in r.requests]
+        )
+        survival = survival * to_device(weights, survival.device)[:, None]
+    result = engine.planner.plan(survival, r.ids, drafter=r.run_drafter)
     if result.mode == "full" and r.verify_cap is None:  # every draft is verified: nothing to read
         return
     verify_len, budget, cap = result.verify_len, result.budget, r.verify_cap
