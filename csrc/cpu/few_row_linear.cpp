@@ -128,16 +128,17 @@ DSPARK_TARGET_AVX512 inline __m128 reduce4_512(__m512 a0, __m512 a1, __m512 a2, 
   }
 
 constexpr int64_t kRowTile512 = 6;  // rows of x per AVX-512 register tile
-constexpr int64_t kChunk512 =
-    768;  // columns per pass: a 6-row x chunk (18 KB) and the block's w (12 KB) in L1
-constexpr int64_t kPrefetchBlocks512 = 2;  // weight blocks ahead that are requested (into L2)
+// columns per pass: a 6-row chunk of x (18 KB) and the block's weights (12 KB) stay in L1
+constexpr int64_t kChunk512 = 768;
 
 // Outputs n..n+3 for MT (1..6) rows of x from row m0, columns [k0, k1): 4 · MT accumulators (24 of the 32
 // registers at 6 rows, the 4 weight vectors and one x vector beside them), 4 + MT loads per 4 · MT FMAs. The
 // sums continue from ``acc`` when k0 > 0 and are kept there when k1 < K (registers and memory hold the same
 // floats: chunking changes no sum's order). Each pass also requests weight rows [j0, j1) of the block
-// kPrefetchBlocks512 ahead over the same columns, so the passes of a block share the next reads evenly.
-template <int MT>
+// two blocks ahead (into L2) over the same columns, so the passes of a block share the next reads evenly.
+// When one pass does all the rows (ONE_PASS: M <= 6) it requests all 4 rows of the next block into L1, as the
+// 4 x 4 loops before it did (the spread, looped requests cost 7 % at 4 rows, docs/benchmarks.md).
+template <int MT, bool ONE_PASS>
 DSPARK_TARGET_AVX512 void block_avx512(const float* x, const float* w, const float* b, float* y, int64_t m0,
                                        int64_t N, int64_t K, int64_t n, int64_t k0, int64_t k1, float* acc,
                                        int j0, int j1) {
@@ -154,11 +155,16 @@ DSPARK_TARGET_AVX512 void block_avx512(const float* x, const float* w, const flo
     DSPARK_LOAD_ACC512(5)
   }
   const float *r0 = w + n * K, *r1 = r0 + K, *r2 = r1 + K, *r3 = r2 + K;
-  const float* ahead = r0 + kPrefetchBlocks512 * kOutBlock * K;  // past the weight: a no-op prefetch
+  const float* ahead = r0 + 2 * kOutBlock * K;  // past the weight: a no-op prefetch
   const int64_t k16 = k0 + (k1 - k0) / 16 * 16;
   int64_t k = k0;
   for (; k < k16; k += 16) {
-    for (int j = j0; j < j1; ++j) _mm_prefetch(reinterpret_cast<const char*>(ahead + j * K + k), _MM_HINT_T1);
+    if constexpr (ONE_PASS) {
+      prefetch_next_block(r0 + k, K);
+    } else {
+      for (int j = j0; j < j1; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + j * K + k), _MM_HINT_T1);
+    }
     const __m512 w0 = load512(r0 + k), w1 = load512(r1 + k), w2 = load512(r2 + k), w3 = load512(r3 + k);
     DSPARK_FMA_ROW(0, load512, _mm512_fmadd_ps)
     DSPARK_FMA_ROW(1, load512, _mm512_fmadd_ps)
@@ -198,6 +204,26 @@ DSPARK_TARGET_AVX512 void block_avx512(const float* x, const float* w, const flo
   DSPARK_STORE_ROW512(5)
 }
 
+template <bool ONE_PASS>
+DSPARK_TARGET_AVX512 void tile_avx512(const float* x, const float* w, const float* b, float* y, int64_t m,
+                                      int64_t rows, int64_t N, int64_t K, int64_t n, int64_t k0, int64_t k1,
+                                      float* acc, int j0, int j1) {
+  switch (rows) {
+    case 6:
+      return block_avx512<6, ONE_PASS>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+    case 5:
+      return block_avx512<5, ONE_PASS>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+    case 4:
+      return block_avx512<4, ONE_PASS>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+    case 3:
+      return block_avx512<3, ONE_PASS>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+    case 2:
+      return block_avx512<2, ONE_PASS>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+    default:
+      return block_avx512<1, ONE_PASS>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
+  }
+}
+
 DSPARK_TARGET_AVX512 void outputs_avx512(const float* x, const float* w, const float* b, float* y, int64_t M,
                                          int64_t N, int64_t K, int64_t n0, int64_t n1) {
   const int64_t tiles = (M + kRowTile512 - 1) / kRowTile512;
@@ -207,29 +233,14 @@ DSPARK_TARGET_AVX512 void outputs_avx512(const float* x, const float* w, const f
     for (int64_t k0 = 0; k0 < K; k0 += kChunk512) {
       const int64_t k1 = std::min(K, k0 + kChunk512);
       for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t m = t * kRowTile512;
+        const int64_t m = t * kRowTile512, rows = std::min(kRowTile512, M - m);
         float* acc = partial.empty() ? nullptr : partial.data() + 64 * kRowTile512 * t;
         const int j0 = static_cast<int>(kOutBlock * t / tiles),
                   j1 = static_cast<int>(kOutBlock * (t + 1) / tiles);
-        switch (std::min(kRowTile512, M - m)) {
-          case 6:
-            block_avx512<6>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
-            break;
-          case 5:
-            block_avx512<5>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
-            break;
-          case 4:
-            block_avx512<4>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
-            break;
-          case 3:
-            block_avx512<3>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
-            break;
-          case 2:
-            block_avx512<2>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
-            break;
-          default:
-            block_avx512<1>(x, w, b, y, m, N, K, n, k0, k1, acc, j0, j1);
-            break;
+        if (tiles == 1) {
+          tile_avx512<true>(x, w, b, y, m, rows, N, K, n, k0, k1, acc, j0, j1);
+        } else {
+          tile_avx512<false>(x, w, b, y, m, rows, N, K, n, k0, k1, acc, j0, j1);
         }
       }
     }
