@@ -17,7 +17,14 @@ import dspark.decoding.round as round_mod
 from dspark import DSparkDecoder, Planner
 from dspark.decoding.acceptance import AcceptanceTable
 from dspark.decoding.lookup import LookupConfig, LookupIndex, match_class
-from dspark.decoding.sources import DRAFTER_PROBE_ROUNDS, DrafterYield, drafter_pays, look_up
+from dspark.decoding.sources import (
+    DRAFTER_PROBE_ROUNDS,
+    DRAFTER_SKIP_MARGIN,
+    DRAFTER_SKIP_MARGIN_LOCAL,
+    DrafterYield,
+    drafter_pays,
+    look_up,
+)
 from dspark.decoding.tables import CostTable, DraftCost, SpsTable, VerifyCost
 from tests.decoding.test_decoder_sampling import (
     APPENDIX_A_CONF,
@@ -105,6 +112,13 @@ def test_a_near_tie_keeps_the_drafter():
     assert not drafter_pays(
         Planner("early_stop", table_for(2, 75.0)), good, 2, 4
     )  # 9 / 111 ms: 19 % worse, skipped
+
+
+def test_a_table_from_this_machine_narrows_the_margin():
+    good = DrafterYield(tokens=4.5, rows=5.0)
+    planner = Planner("early_stop", table_for(2, 60.0))  # the drafter side 6 % below the other (above)
+    assert drafter_pays(planner, good, 2, 4, margin=DRAFTER_SKIP_MARGIN)
+    assert not drafter_pays(planner, good, 2, 4, margin=DRAFTER_SKIP_MARGIN_LOCAL)
 
 
 @pytest.mark.parametrize("lookup", [False, True])

@@ -10,6 +10,7 @@ import torch
 
 from dspark import DSparkDecoder
 from dspark.decoding.machine import machine_name, profiled_elsewhere, same_machine
+from dspark.decoding.sources import DRAFTER_SKIP_MARGIN, DRAFTER_SKIP_MARGIN_LOCAL
 from dspark.decoding.tables import CostTable, VerifyCost
 from tests.decoding.toy_models import tiny_target
 
@@ -62,3 +63,18 @@ def test_the_decoder_warns_for_a_table_from_elsewhere_only():
         warnings.simplefilter("error")  # a table from this machine, or none: silent
         DSparkDecoder(target, None, lookup=True, sps_table=table(here())).close()
         DSparkDecoder(target, None, lookup=True).close()
+
+
+def test_the_drafters_skip_margin_is_narrower_for_a_table_from_this_machine():
+    target = tiny_target("llama", vocab=64)
+    cases = [(here(), DRAFTER_SKIP_MARGIN_LOCAL), (here(threads=here()["threads"] + 1), DRAFTER_SKIP_MARGIN)]
+    cases.append(({"threads": here()["threads"]}, DRAFTER_SKIP_MARGIN))  # a table that does not say where
+    for metadata, margin in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dec = DSparkDecoder(target, None, lookup=True, sps_table=table(metadata))
+        assert dec.drafter_skip_margin == margin, metadata
+        dec.close()
+    dec = DSparkDecoder(target, None, lookup=True)  # no cost table
+    assert dec.drafter_skip_margin == DRAFTER_SKIP_MARGIN
+    dec.close()

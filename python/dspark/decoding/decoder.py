@@ -28,11 +28,11 @@ from dspark.decoding.inputs import (
 )
 from dspark.decoding.lookup import LookupConfig, lookup_width
 from dspark.decoding.lookup_corpus import LookupCorpus
-from dspark.decoding.machine import warn_if_profiled_elsewhere
+from dspark.decoding.machine import profiled_elsewhere, warn_if_profiled_elsewhere
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.request import GenerateOutput, Request, StreamEvent
 from dspark.decoding.round import CallState, RoundRecord, decode_round, prefill, release
-from dspark.decoding.sources import DrafterYield
+from dspark.decoding.sources import DRAFTER_SKIP_MARGIN, DRAFTER_SKIP_MARGIN_LOCAL, DrafterYield
 from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
 from dspark.host_sync import HostReader
@@ -198,8 +198,13 @@ class DSparkDecoder:
                 measure_costs=measure_costs,
             )
         )
+        # the drafter's skip margin covers a cost table's error: smaller for a table profiled on this machine
+        self.drafter_skip_margin = DRAFTER_SKIP_MARGIN
         if self.planner.cost_table is not None:
-            warn_if_profiled_elsewhere(self.planner.cost_table.metadata, _device(target))
+            metadata = self.planner.cost_table.metadata
+            warn_if_profiled_elsewhere(metadata, _device(target))
+            if metadata.get("device_name") and profiled_elsewhere(metadata, _device(target)) is None:
+                self.drafter_skip_margin = DRAFTER_SKIP_MARGIN_LOCAL
         sts_t, sts_b = load_sts(sts, max(gamma, 1))
         self.target = target
         self.drafter = drafter

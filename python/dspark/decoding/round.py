@@ -66,6 +66,7 @@ class Engine(Protocol):
     lookup_acceptance: AcceptanceTable | None  # lookup acceptance by (match class, position)
     draft_acceptance: AcceptanceTable | None  # the drafter's conditional acceptance by position
     drafter_yield: DrafterYield  # tokens and rows the drafter's blocks returned (whether it pays its time)
+    drafter_skip_margin: float  # how far below a round without it the drafter must be predicted to be skipped
 
 
 @dataclass
@@ -242,7 +243,13 @@ def look_up_drafts(engine: Engine, call: CallState, r: RoundState) -> None:
         r.run_drafter = not all(r.decided)
     if r.run_drafter and call.rounds_without_drafter + 1 < DRAFTER_PROBE_ROUNDS:
         r.run_drafter = drafter_pays(
-            engine.planner, engine.drafter_yield, len(r.requests), r.slots, r.lookup, r.decided
+            engine.planner,
+            engine.drafter_yield,
+            len(r.requests),
+            r.slots,
+            r.lookup,
+            r.decided,
+            engine.drafter_skip_margin,
         )
     call.rounds_without_drafter = 0 if r.run_drafter else call.rounds_without_drafter + 1
     if not r.run_drafter and r.lookup is None:

@@ -49,6 +49,10 @@ DRAFTER_PROBE_ROUNDS = 16
 # within the error of a cost table profiled elsewhere and of the yield's running mean, and a skipped round
 # learns nothing about the drafter
 DRAFTER_SKIP_MARGIN = 0.15
+# the same with a cost table profiled on this machine: only the yield's error is left (on a 2-core Xeon at
+# batch 8 the hybrid ran 4-5 % faster with it than with 0.15; at batch 1 both decided every round alike;
+# docs/lookup.md "Whether the drafter runs")
+DRAFTER_SKIP_MARGIN_LOCAL = 0.05
 
 
 @dataclass
@@ -173,14 +177,15 @@ def drafter_pays(
     width: int,
     lookup: LookupBlock | None = None,
     decided: list[bool] | None = None,
+    margin: float = DRAFTER_SKIP_MARGIN,
 ) -> bool:
     """Whether a round with the drafter is predicted to emit more tokens per second than one without it.
 
     Without it, each request verifies its lookup block (or its anchor alone), planned with ``early_stop``;
     with it, the ``decided`` requests keep their lookup blocks and every other one yields what the drafter's
     blocks have yielded so far (``drafter_yield``), and the round pays the drafter's time
-    (:meth:`Planner.round_value`); it runs unless that is :data:`DRAFTER_SKIP_MARGIN` below the round
-    without it. Reads the history only (no draft exists yet), so skipping the drafter is exact. True when the
+    (:meth:`Planner.round_value`); it runs unless that is ``margin`` (:data:`DRAFTER_SKIP_MARGIN`, or
+    :data:`DRAFTER_SKIP_MARGIN_LOCAL` with a cost table profiled on this machine) below the round without it. Reads the history only (no draft exists yet), so skipping the drafter is exact. True when the
     planner cannot price the drafter apart (no cost table with drafter times).
     """
     if not planner.prices_drafter:
@@ -193,4 +198,4 @@ def drafter_pays(
     with_drafter = planner.round_value(
         kept, True, n * (drafter_yield.tokens - 1.0), n * (drafter_yield.rows - 1.0)
     )
-    return with_drafter > (1.0 - DRAFTER_SKIP_MARGIN) * planner.round_value(alone, drafter=False)
+    return with_drafter > (1.0 - margin) * planner.round_value(alone, drafter=False)
