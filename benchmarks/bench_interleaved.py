@@ -20,8 +20,8 @@ cached, or profiled before the first repeat) instead of ``--costs``, a ``+w<N>``
 classes lookup acceptance by match length alone (``LookupConfig(extent_bounds=())``: the prior's extent classes
 pooled), a ``+corpus`` suffix also drafts from the run's earlier answers (``LookupConfig(corpus_tokens=
 DEFAULT_CORPUS_TOKENS)``; emptied before each timed run), a ``+throughput`` suffix plans every round for
-throughput (``finish_together=False``: docs/decoder.md "When no prompt waits"). The drafter is the bundled one (its cost table, STS and
-lookup prior).
+throughput (``finish_together=False``: docs/decoder.md "When no prompt waits"). The drafter is the bundled one
+(its cost table, STS and lookup prior).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS),
-        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+noextent] [+corpus] [+throughput] [+w<N>]",
+        help="engine dspark lookup hybrid [+measured] [+always] [+local] [+noextent] [+corpus] [+throughput] "
+        "[+w<N>]",
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument(

@@ -173,8 +173,8 @@ DSPARK_TARGET_AVX512 void block_avx512(const float* x, const float* w, const flo
     DSPARK_FMA_ROW(4, load512, _mm512_fmadd_ps)
     DSPARK_FMA_ROW(5, load512, _mm512_fmadd_ps)
   }
-  if (k < k1) {  // the last K % 16 columns (chunks end on multiples of 16 before K): masked loads read
-                 // nothing past
+  // the last K % 16 columns (earlier chunks end on multiples of 16): masked loads read nothing past the rows
+  if (k < k1) {
     const __mmask16 mask = static_cast<__mmask16>((1u << (k1 - k)) - 1u);
 #define DSPARK_TAIL_LOAD(p) _mm512_maskz_loadu_ps(mask, p)
     const __m512 w0 = DSPARK_TAIL_LOAD(r0 + k), w1 = DSPARK_TAIL_LOAD(r1 + k);

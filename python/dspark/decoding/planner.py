@@ -17,12 +17,8 @@ from dspark.decoding.tables import CostTable, SpsTable, read_json
 from dspark.host_sync import to_device
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
 
-__all__ = [
-    "PlanResult",
-    "Planner",
-    "SpsTable",
-    "finish_together_weights",
-]  # SpsTable: read from here by older imports
+# SpsTable: read from here by older imports
+__all__ = ["PlanResult", "Planner", "SpsTable", "finish_together_weights"]
 
 logger = logging.getLogger("dspark.planner")
 

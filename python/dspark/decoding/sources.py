@@ -185,8 +185,9 @@ def drafter_pays(
     with it, the ``decided`` requests keep their lookup blocks and every other one yields what the drafter's
     blocks have yielded so far (``drafter_yield``), and the round pays the drafter's time
     (:meth:`Planner.round_value`); it runs unless that is ``margin`` (:data:`DRAFTER_SKIP_MARGIN`, or
-    :data:`DRAFTER_SKIP_MARGIN_LOCAL` with a cost table profiled on this machine) below the round without it. Reads the history only (no draft exists yet), so skipping the drafter is exact. True when the
-    planner cannot price the drafter apart (no cost table with drafter times).
+    :data:`DRAFTER_SKIP_MARGIN_LOCAL` with a cost table profiled on this machine) below the round without it.
+    Reads the history only (no draft exists yet), so skipping the drafter is exact. True when the planner
+    cannot price the drafter apart (no cost table with drafter times).
     """
     if not planner.prices_drafter:
         return True
