@@ -42,6 +42,22 @@ DSPARK_AVX512 inline __m512i iota16() {
   return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
+// The lane sums of 4 vectors (lane t of the result: the sum of a_t's 16 lanes), each pairing its lanes as
+// _mm512_reduce_add_ps does (i with i + 8, then j with j + 4, then 0 with 2 and 1 with 3, then the two): the
+// same floats in 10 vector operations for the 4 instead of 4 x 8 (the shuffles share a port with the fmas).
+// AVX-512F alone, so that functions compiled for AVX-512F without BW/DQ/VL inline it too.
+__attribute__((target("avx512f"))) inline __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  // [a0 lo8 + a0 hi8 | a1 lo8 + a1 hi8], [a2 .. | a3 ..]
+  const __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  // 128-bit lane t holds a_t's lanes j + (j + 4)
+  const __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
+  const __m512 h = _mm512_add_ps(q, _mm512_permute_ps(q, 0x4E));  // lanes 0 + 2, 1 + 3
+  const __m512 s = _mm512_add_ps(h, _mm512_permute_ps(h, 0xB1));  // (0 + 2) + (1 + 3)
+  const __m512i first_of_each = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first_of_each, s));
+}
+
 // Mask of the lanes i with base + i < n.
 inline __mmask16 tail_mask(int64_t base, int64_t n) {
   const int64_t k = n - base;

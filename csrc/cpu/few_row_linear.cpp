@@ -19,6 +19,8 @@
 #include <cstring>
 #include <vector>
 
+#include "avx512_common.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DSPARK_FEW_ROW_SIMD 1
 #include <immintrin.h>
@@ -91,26 +93,11 @@ inline void prefetch_next_block(const float* p, int64_t K) {
 
 DSPARK_TARGET_AVX512 inline __m512 load512(const float* p) { return _mm512_loadu_ps(p); }
 
-// The sums of 4 accumulators (one row of x, outputs n..n+3), each lane pairing the same as
-// _mm512_reduce_add_ps (lane i with i + 8, then j with j + 4, then 0 with 2 and 1 with 3, then the two): the
-// same floats, in 10 vector operations for the 4 instead of 4 x 8 (the shuffles share a port with the FMAs).
-DSPARK_TARGET_AVX512 inline __m128 reduce4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  // [a0 lo8 + a0 hi8 | a1 lo8 + a1 hi8], [a2 .. | a3 ..]
-  const __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
-  const __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
-  // 128-bit lane t holds accumulator t's lanes j + (j + 4)
-  const __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
-  const __m512 h = _mm512_add_ps(q, _mm512_permute_ps(q, 0x4E));  // lanes 0 + 2, 1 + 3
-  const __m512 s = _mm512_add_ps(h, _mm512_permute_ps(h, 0xB1));  // (0 + 2) + (1 + 3)
-  const __m512i first_of_each = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first_of_each, s));
-}
-
-#define DSPARK_STORE_ROW512(i)                                  \
-  if constexpr (MT > i) {                                       \
-    __m128 s = reduce4_512(a##i##0, a##i##1, a##i##2, a##i##3); \
-    if (b != nullptr) s = _mm_add_ps(s, _mm_loadu_ps(b + n));   \
-    _mm_storeu_ps(y + (m0 + i) * N + n, s);                     \
+#define DSPARK_STORE_ROW512(i)                                   \
+  if constexpr (MT > i) {                                        \
+    __m128 s = avx512::sum4(a##i##0, a##i##1, a##i##2, a##i##3); \
+    if (b != nullptr) s = _mm_add_ps(s, _mm_loadu_ps(b + n));    \
+    _mm_storeu_ps(y + (m0 + i) * N + n, s);                      \
   }
 #define DSPARK_LOAD_ACC512(i)                     \
   if constexpr (MT > i) {                         \

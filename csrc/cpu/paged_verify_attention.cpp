@@ -33,20 +33,36 @@ constexpr int64_t kKeyBlock = 64;    // keys gathered per step
 
 #if defined(DSPARK_HAVE_AVX512_PATH)
 // Scores of one query row against nk keys: S[j] = (q . k_j) * scale on 16-lane fmas and a tree reduction per
-// key (the scalar dot16 below sums its 16 partials one after another, which bounds it by add latency).
-// D is a multiple of 16. Returns max_j S[j]. Rounds differently from dot16: attention is compared to its
-// reference with a tolerance, not bit for bit.
+// key (the scalar dot16 below sums its 16 partials one after another, which bounds it by add latency). Four
+// keys at a time keep four fma chains in flight and share one reduction (avx512::sum4, the lane pairing of
+// _mm512_reduce_add_ps, which the last nk % 4 keys use). D is a multiple of 16. Returns max_j S[j]. Rounds
+// differently from dot16: attention is compared to its reference with a tolerance, not bit for bit.
 DSPARK_AVX512 float scores_avx512(const float* q, const float* const* krow, int64_t nk, int64_t D,
                                   float scale, float* S) {
-  float mx = softmax_neg_inf();
-  for (int64_t j = 0; j < nk; ++j) {
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) {
+    const float *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
+    const __m512 q0 = _mm512_loadu_ps(q);
+    __m512 a0 = _mm512_mul_ps(q0, _mm512_loadu_ps(k0)), a1 = _mm512_mul_ps(q0, _mm512_loadu_ps(k1));
+    __m512 a2 = _mm512_mul_ps(q0, _mm512_loadu_ps(k2)), a3 = _mm512_mul_ps(q0, _mm512_loadu_ps(k3));
+    for (int64_t d = 16; d < D; d += 16) {
+      const __m512 qd = _mm512_loadu_ps(q + d);
+      a0 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k0 + d), a0);
+      a1 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k1 + d), a1);
+      a2 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k2 + d), a2);
+      a3 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k3 + d), a3);
+    }
+    _mm_storeu_ps(S + j, _mm_mul_ps(avx512::sum4(a0, a1, a2, a3), _mm_set1_ps(scale)));
+  }
+  for (; j < nk; ++j) {
     const float* k = krow[j];
     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
     for (int64_t d = 16; d < D; d += 16)
       acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
     S[j] = _mm512_reduce_add_ps(acc) * scale;
-    mx = std::max(mx, S[j]);
   }
+  float mx = softmax_neg_inf();
+  for (j = 0; j < nk; ++j) mx = std::max(mx, S[j]);
   return mx;
 }
 
@@ -65,7 +81,28 @@ DSPARK_AVX512 float accumulate_avx512(float* o, const float* const* vrow, float*
     sum = _mm512_add_ps(sum, p);
   }
   const __m512 av = _mm512_set1_ps(alpha);
-  for (int64_t d = 0; d < D; d += 16) {
+  int64_t d = 0;
+  // 64 columns of o at a time in 4 registers over all keys: 4 independent fma chains (one chain per 16
+  // columns waits on the fma latency every key); each element's sum runs in key order, as in the loop below
+  for (; d + 64 <= D; d += 64) {
+    __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(o + d), av),
+           a1 = _mm512_mul_ps(_mm512_loadu_ps(o + d + 16), av);
+    __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(o + d + 32), av),
+           a3 = _mm512_mul_ps(_mm512_loadu_ps(o + d + 48), av);
+    for (int64_t j = 0; j < nk; ++j) {
+      const __m512 p = _mm512_set1_ps(S[j]);
+      const float* v = vrow[j] + d;
+      a0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(v), a0);
+      a1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16), a1);
+      a2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 32), a2);
+      a3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 48), a3);
+    }
+    _mm512_storeu_ps(o + d, a0);
+    _mm512_storeu_ps(o + d + 16, a1);
+    _mm512_storeu_ps(o + d + 32, a2);
+    _mm512_storeu_ps(o + d + 48, a3);
+  }
+  for (; d < D; d += 16) {
     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(o + d), av);
     for (int64_t j = 0; j < nk; ++j)
       acc = _mm512_fmadd_ps(_mm512_set1_ps(S[j]), _mm512_loadu_ps(vrow[j] + d), acc);
