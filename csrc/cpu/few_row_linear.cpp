@@ -67,11 +67,6 @@ int simd_level() {
   return std::strcmp(env, "avx2") == 0 ? std::min(level, 1) : level;
 }
 
-DSPARK_TARGET_AVX512 inline __mmask16 tail16(int64_t k, int64_t K) {
-  const int64_t left = K - k;
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-}
-
 // 4 outputs n..n+3 for MT (1..6) rows of x starting at row m0: 4·MT accumulators of 16 lanes, named one by
 // one (an array of them is kept on the stack by GCC, a store per FMA).
 #define DSPARK_FMA_ROW(i, load, fma)            \

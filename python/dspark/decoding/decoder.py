@@ -28,7 +28,7 @@ from dspark.decoding.inputs import (
 )
 from dspark.decoding.lookup import LookupConfig, lookup_width
 from dspark.decoding.lookup_corpus import LookupCorpus
-from dspark.decoding.machine import profiled_elsewhere, warn_if_profiled_elsewhere
+from dspark.decoding.machine import warn_if_profiled_elsewhere
 from dspark.decoding.planner import Planner, SpsTable
 from dspark.decoding.request import GenerateOutput, Request, StreamEvent
 from dspark.decoding.round import CallState, RoundRecord, decode_round, prefill, release
@@ -202,8 +202,8 @@ class DSparkDecoder:
         self.drafter_skip_margin = DRAFTER_SKIP_MARGIN
         if self.planner.cost_table is not None:
             metadata = self.planner.cost_table.metadata
-            warn_if_profiled_elsewhere(metadata, _device(target))
-            if metadata.get("device_name") and profiled_elsewhere(metadata, _device(target)) is None:
+            elsewhere = warn_if_profiled_elsewhere(metadata, _device(target))
+            if metadata.get("device_name") and elsewhere is None:
                 self.drafter_skip_margin = DRAFTER_SKIP_MARGIN_LOCAL
         sts_t, sts_b = load_sts(sts, max(gamma, 1))
         self.target = target

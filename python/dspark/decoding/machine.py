@@ -64,8 +64,8 @@ def profiled_elsewhere(metadata: dict, device: torch.device) -> str | None:
     return " and ".join(differences) or None
 
 
-def warn_if_profiled_elsewhere(metadata: dict, device: torch.device) -> None:
-    """A ``UserWarning`` naming the difference when :func:`profiled_elsewhere` finds one."""
+def warn_if_profiled_elsewhere(metadata: dict, device: torch.device) -> str | None:
+    """A ``UserWarning`` naming the difference when :func:`profiled_elsewhere` finds one; returns it."""
     difference = profiled_elsewhere(metadata, device)
     if difference is not None:
         warnings.warn(
@@ -76,3 +76,4 @@ def warn_if_profiled_elsewhere(metadata: dict, device: torch.device) -> None:
             UserWarning,
             stacklevel=3,
         )
+    return difference

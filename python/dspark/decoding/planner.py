@@ -22,6 +22,8 @@ __all__ = ["PlanResult", "Planner", "SpsTable", "finish_together_weights"]
 
 logger = logging.getLogger("dspark.planner")
 
+COST_DRIVEN_MODES = ("early_stop", "lagged_topk")  # the modes that price verify lengths with a cost curve
+
 
 # how fast the weight of a request predicted to finish before the last one falls: 0.43 at 0.9 of the last one's
 # rounds, 0.17 at 0.8, 0.04 at 2/3 (docs/decoder.md "When no prompt waits")
@@ -151,9 +153,14 @@ class Planner:
     @property
     def effective_mode(self) -> str:
         """The mode actually run: cost-driven modes fall back to ``full`` without a usable table."""
-        if self.mode in ("early_stop", "lagged_topk") and (self.sps_table is None or self.sps_table.is_flat):
+        if self.mode in COST_DRIVEN_MODES and (self.sps_table is None or self.sps_table.is_flat):
             return "full"
         return self.mode
+
+    @property
+    def cost_driven(self) -> bool:
+        """Whether the mode run prices verify lengths with a cost curve (``early_stop``, ``lagged_topk``)."""
+        return self.effective_mode in COST_DRIVEN_MODES
 
     def _drop_stale(self) -> None:
         """Forget every cached curve once the measured costs have moved on."""
@@ -217,7 +224,7 @@ class Planner:
         self._drop_stale()
         key = (num_requests, width)
         if key not in self._rates:
-            if self.effective_mode in ("early_stop", "lagged_topk"):
+            if self.cost_driven:
                 table = self._curve(num_requests, self.draft_cost, width)
                 base = max(1, num_requests)
                 rel = [table.steps_per_sec(base + n) / table.steps_per_sec(base) for n in range(width + 1)]
@@ -230,11 +237,7 @@ class Planner:
     def prices_drafter(self) -> bool:
         """Whether rounds with and without the drafter can be priced apart (a cost table with drafter times
         and a cost-driven mode)."""
-        return (
-            self.cost_table is not None
-            and bool(self.cost_table.draft)
-            and self.effective_mode in ("early_stop", "lagged_topk")
-        )
+        return self.cost_table is not None and bool(self.cost_table.draft) and self.cost_driven
 
     def round_value(
         self, survival: Tensor, drafter: bool, extra_tokens: float = 0.0, extra_rows: float = 0.0

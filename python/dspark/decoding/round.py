@@ -342,7 +342,7 @@ def plan(engine: Engine, call: CallState, r: RoundState) -> None:
     if r.survival is None:  # nothing to plan with (DFlash)
         return
     survival = r.survival
-    if call.finish_together and engine.planner.effective_mode in ("early_stop", "lagged_topk"):
+    if call.finish_together and engine.planner.cost_driven:
         weights = finish_together_weights(
             [q.remaining_tokens for q in r.requests], [q.tokens_per_round for q in r.requests]
         )
