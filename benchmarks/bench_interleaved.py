@@ -12,16 +12,17 @@ the engine's.
         --n 8 --max-new-tokens 128 --batch 8 --temperature 0 --repeats 5 --threads 2
 
 Methods (``--methods``): ``engine`` (no drafts), ``dspark`` (the drafter, ``early_stop``), ``lookup`` (lookup
-decoding), ``hybrid`` (drafter + lookup); a ``+measured`` suffix adds ``measure_costs=True``, a ``+always``
-suffix runs the drafter in every round (the rule of docs/lookup.md "Whether the drafter runs" switched off, for
-an A/B of it), a ``+local`` suffix plans with this machine's cost table (``dspark.profiling.local_cost_table``:
-cached, or profiled before the first repeat) instead of ``--costs``, a ``+w<N>`` suffix caps lookup proposals at
-``N`` tokens (``LookupConfig(max_tokens=N)``; default 16 for hybrid, 8 for lookup), a ``+noextent`` suffix
-classes lookup acceptance by match length alone (``LookupConfig(extent_bounds=())``: the prior's extent classes
-pooled), a ``+corpus`` suffix also drafts from the run's earlier answers (``LookupConfig(corpus_tokens=
-DEFAULT_CORPUS_TOKENS)``; emptied before each timed run), a ``+throughput`` suffix plans every round for
-throughput (``finish_together=False``: docs/decoder.md "When no prompt waits"). The drafter is the bundled one
-(its cost table, STS and lookup prior).
+decoding), ``hybrid`` (drafter + lookup), and the two Hugging Face baselines ``hf`` (``generate``, left-padded
+batches) and ``hf_lookup`` (``generate(prompt_lookup_num_tokens=10)``, batch 1 only: HF refuses more).
+Suffixes of the dspark methods: ``+measured`` adds ``measure_costs=True``; ``+always`` runs the drafter in
+every round (the rule of docs/lookup.md "Whether the drafter runs" switched off, for an A/B of it); ``+local``
+plans with this machine's cost table (``dspark.profiling.local_cost_table``: cached, or profiled before the
+first repeat) instead of ``--costs``; ``+w<N>`` caps lookup proposals at ``N`` tokens
+(``LookupConfig(max_tokens=N)``; default 16 for hybrid, 8 for lookup); ``+noextent`` classes lookup acceptance
+by match length alone (``LookupConfig(extent_bounds=())``: the prior's extent classes pooled); ``+corpus`` also
+drafts from the run's earlier answers (``LookupConfig(corpus_tokens=DEFAULT_CORPUS_TOKENS)``; emptied before
+each timed run); ``+throughput`` plans every round for throughput (``finish_together=False``: docs/decoder.md
+"When no prompt waits"). The drafter is the bundled one (its cost table, STS and lookup prior).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dspark.decoding.round as round_module  # noqa: E402
 from benchmarks.common import cpu_description  # noqa: E402
 from benchmarks.e2e.inputs import read_prompt_sets, resolve_drafter  # noqa: E402
-from benchmarks.e2e.runners import run_dspark  # noqa: E402
+from benchmarks.e2e.runners import run_dspark, run_hf, run_prompt_lookup  # noqa: E402
 from dspark.decoding.inputs import chat_token_ids  # noqa: E402
 from dspark.decoding.lookup import LookupConfig  # noqa: E402
 from dspark.decoding.lookup_corpus import DEFAULT_CORPUS_TOKENS  # noqa: E402
@@ -48,6 +49,7 @@ from dspark.demo import fast_drafter_dtype  # noqa: E402
 from dspark.models.loading import load_target  # noqa: E402
 
 METHODS = ("engine", "dspark", "lookup", "hybrid")
+HF_METHODS = ("hf", "hf_lookup")  # Hugging Face transformers' own decoding; no method options
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=list(METHODS),
         help="engine dspark lookup hybrid [+measured] [+always] [+local] [+noextent] [+corpus] [+throughput] "
-        "[+w<N>]",
+        "[+w<N>], hf, hf_lookup",
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument(
@@ -78,9 +80,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the drafter's dtype (default: dspark.demo.fast_drafter_dtype)",
     )
-    ap.add_argument("--quick", action="store_true", help="CI size: 2 prompts x 8 tokens, batch 2, 1 repeat")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI size: 2 prompts x 8 tokens, batch 2 (1 with hf_lookup), 1 repeat",
+    )
     args = ap.parse_args(argv)
     for m in args.methods:
+        if m in HF_METHODS:
+            continue
         options = {o for o in m.split("+")[1:] if not _width_option(o)}
         if m.split("+")[0] not in METHODS or not options <= {
             "measured",
@@ -97,9 +105,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if "engine" not in args.methods:
         args.methods.insert(0, "engine")  # every ratio is to it
     if args.quick:
-        args.n, args.max_new_tokens, args.batch, args.repeats = 2, 8, 2, 1
+        args.n, args.max_new_tokens, args.repeats = 2, 8, 1
+        args.batch = 1 if "hf_lookup" in args.methods else 2  # HF prompt lookup: batch 1 only
     if min(args.n, args.max_new_tokens, args.batch, args.repeats) < 1:
         ap.error("--n, --max-new-tokens, --batch and --repeats must be >= 1")
+    if "hf_lookup" in args.methods and args.batch != 1:
+        ap.error(f"--methods hf_lookup: HF prompt lookup runs at batch 1 only, got --batch {args.batch}")
     return args
 
 
@@ -111,6 +122,16 @@ def _width_option(option: str) -> int | None:
 
 def run_method(name: str, bench: dict, prompts: list[list[int]], args: argparse.Namespace):
     """One timed run (after a short warm-up) of method ``name`` on ``prompts``."""
+    if name in HF_METHODS:
+        common = {
+            "temperature": args.temperature,
+            "max_new_tokens": args.max_new_tokens,
+            "pad_id": bench["pad_id"],
+            "eos_ids": [],
+        }
+        if name == "hf":
+            return run_hf(bench["target"], prompts, batch=args.batch, **common)
+        return run_prompt_lookup(bench["target"], prompts, **common)
     base, options = name.split("+")[0], set(name.split("+")[1:])
     drafter = bench["drafter"] if base in ("dspark", "hybrid") else None
     widths = [w for w in map(_width_option, options) if w is not None]
@@ -154,8 +175,9 @@ def summary(runs: dict[str, list], methods: list[str]) -> list[str]:
         tps = [r.tokens_per_second for r in runs[m]]
         ratios = [r.tokens_per_second / e.tokens_per_second for r, e in zip(runs[m], engine, strict=True)]
         stats = runs[m][-1].stats
-        tau = f"{stats.tau:.2f}" if stats is not None and stats.rounds else "1.00"
-        vlen = f"{stats.mean_verify_len:.2f}" if stats is not None and stats.rounds else "1.00"
+        # HF's runs keep no round stats: "—"; the engine's rounds verify their anchor alone
+        tau = "—" if stats is None else f"{stats.tau:.2f}" if stats.rounds else "1.00"
+        vlen = "—" if stats is None else f"{stats.mean_verify_len:.2f}" if stats.rounds else "1.00"
         lines.append(
             f"| {m} | {statistics.median(tps):.1f} | {statistics.median(ratios):.2f}× "
             f"[{min(ratios):.2f}, {max(ratios):.2f}] | {tau} | {vlen} |"
@@ -182,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "sps": sps,
         "sts": sts,
         "prior": prior if prior is not None and prior.exists() else None,
+        "pad_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
     }
     if any("local" in m.split("+")[1:] for m in args.methods):
         from dspark.profiling.local import local_cost_table
