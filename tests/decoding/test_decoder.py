@@ -344,3 +344,29 @@ def test_greedy_with_a_draft_vocabulary_missing_tokens_of_the_answer(mode):
     assert out.sequences == want
     assert {2, 3} <= {t for s in want for t in s}
     assert 0 < out.stats.rejected_drafts < out.stats.verified_drafts
+
+
+@pytest.mark.parametrize("temperature,observed", [(0.0, False), (0.0, True), (1.0, False)])
+def test_only_rounds_that_read_q_widen_it_to_the_whole_vocabulary(monkeypatch, temperature, observed):
+    # greedy rows accept by argmax match: a greedy round builds no (R, g, V) q unless an observer records it
+    table = _chain()
+    target = markov_chain_target(table)
+    prompts = [[1, 4], [3], [5, 2, 0]]
+    drafter = markov_drafter(target, table, block_size=4)
+    drafter.set_draft_vocab([0, 1, 4, 5])
+    widened = []
+    whole = drafter.whole_vocab_logits
+    monkeypatch.setattr(drafter, "whole_vocab_logits", lambda z: widened.append(z.shape) or whole(z))
+    records = []
+    dec = DSparkDecoder(target, drafter, round_observer=records.append if observed else None)
+    try:
+        out = dec.generate(prompts, max_new_tokens=10, temperature=temperature, eos_token_id=[])
+    finally:
+        dec.close()
+    assert out.stats.verified_drafts > 0
+    assert bool(widened) == (temperature > 0 or observed)
+    assert all(shape[-1] == 4 for shape in widened)
+    assert all(rec.draft_logits.shape[-1] == table.shape[0] for rec in records)
+    assert bool(records) == observed
+    if temperature == 0:
+        assert out.sequences == [hf_greedy(target, p, 10) for p in prompts]

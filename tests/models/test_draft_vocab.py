@@ -179,6 +179,22 @@ def test_restricted_draft_equals_the_definition(tmp_path, head_type, rank, tempe
         anchors = out.tokens[:, -1]
 
 
+@pytest.mark.parametrize("restricted", [True, False])
+def test_sample_can_leave_q_over_the_draft_vocabulary(tmp_path, restricted):
+    # the decoder widens q only where a round reads it: narrow + widened later must be the whole-vocabulary q
+    d = _drafter(tmp_path)
+    if restricted:
+        d.set_draft_vocab(VOCAB)
+    d.append_context([0, 1], [torch.randn(5, 96), torch.randn(2, 96)])
+    proposal = d.propose([0, 1], torch.tensor([9, 40]))
+    wide = d.sample(proposal, 1.0, seed=4, offset=2)
+    narrow = d.sample(proposal, 1.0, seed=4, offset=2, whole_vocab=False)
+    assert wide.logits.shape == (2, 5, V)
+    assert narrow.logits.shape == (2, 5, len(VOCAB) if restricted else V)
+    assert torch.equal(narrow.tokens, wide.tokens)
+    torch.testing.assert_close(d.whole_vocab_logits(narrow.logits), wide.logits, rtol=0, atol=0)
+
+
 def test_batch_size_changes_and_weight_updates_are_picked_up(tmp_path):
     full, sub = _drafter(tmp_path), _drafter(tmp_path)
     sub.set_draft_vocab(VOCAB)

@@ -143,7 +143,7 @@ class RoundState:
     draft_slots: int = 0  # slots the drafter drafts (<= g: lookup blocks may be wider than the drafter's)
     proposal: DraftProposal | None = None
     sample: MarkovSample | None = None
-    draft_logits: Tensor | None = None  # (R, g, V) float32, finite (sanitised)
+    draft_logits: Tensor | None = None  # (R, g, V) float32, finite (sanitised); None in greedy rounds
     draft_ok: Tensor | None = None  # 0-d bool (device): the drafter's logits were finite
     conf_logit: Tensor | None = None
     survival: Tensor | None = None  # (R, g) float32
@@ -258,17 +258,24 @@ def look_up_drafts(engine: Engine, call: CallState, r: RoundState) -> None:
 
 def markov_sample(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState) -> None:
     """Draw the drafts; ``q`` is what they were drawn from. NaN/inf drafter logits are flagged (read with the
-    round's results) and zeroed so that the ops run; the round then fails naming the draft stage."""
+    round's results) and zeroed so that the ops run; the round then fails naming the draft stage.
+
+    A greedy round builds no ``q``: its rows accept by argmax match and read none, and over a draft vocabulary
+    ``q`` would be ``R × g × V`` floats, written, checked and padded every round for nothing (unless a
+    ``round_observer`` records it)."""
     p = r.proposal
     on_cpu = p.base_logits.device.type == "cpu"
     if on_cpu:  # the CPU op checks its input's values; on CUDA a NaN in U reaches q, which is checked
         base_ok = all_finite(p.base_logits)
         p.base_logits = sanitized(p.base_logits, base_ok)
-    r.sample = engine.drafter.sample(p, sampling.temperature, sampling.seed, offset)
-    q = r.sample.logits.float()
-    q_ok = all_finite(q)
-    r.draft_ok = base_ok & q_ok if on_cpu else q_ok
-    r.draft_logits = sanitized(q, q_ok).contiguous()
+    r.sample = engine.drafter.sample(p, sampling.temperature, sampling.seed, offset, whole_vocab=False)
+    z = r.sample.logits.float()  # (R, g, V'): finite here iff finite over V (outside: a finite constant)
+    z_ok = all_finite(z)
+    r.draft_ok = base_ok & z_ok if on_cpu else z_ok
+    if sampling.temperature == 0 and engine.round_observer is None:
+        r.draft_logits = None
+    else:
+        r.draft_logits = engine.drafter.whole_vocab_logits(sanitized(z, z_ok)).contiguous()
 
 
 def confidence(engine: Engine, r: RoundState) -> None:
@@ -390,7 +397,8 @@ def accept(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState)
     finite = rows_finite(logits)
     logits = sanitized(logits, finite)
     R, V, g, dev = len(r.requests), logits.shape[-1], r.slots, logits.device
-    q = r.draft_logits if g else torch.empty(R, 0, V, dtype=torch.float32, device=dev)  # None: lookup only
+    # None: lookup only, or a greedy round (its rows read no q)
+    q = r.draft_logits if g else torch.empty(R, 0, V, dtype=torch.float32, device=dev)
     drafts = r.draft_tokens.clamp(0, V - 1) if g else torch.empty(R, 0, dtype=torch.int64, device=dev)
     if q is not None and q.shape[1] < g:  # hybrid: lookup blocks wider than the drafter's (R, d, V) logits
         # slots past the widest verified block are never read
@@ -408,7 +416,7 @@ def accept(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState)
         offset,
         r.ids,
         histories,
-        r.one_hot if q is not None else None,  # no drafter logits: every row is a lookup block (or none)
+        r.one_hot if q is not None else None,  # no q: every row is one-hot, or greedy (reads no q)
     )
     acc, tokens, finite_h, draft_ok, surv = engine.host.fetch(
         r.accepted, r.out_tokens, finite, r.draft_ok, r.survival

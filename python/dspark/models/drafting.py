@@ -211,11 +211,22 @@ class DraftSteps:
 
     @torch.no_grad()
     def sample(
-        self, proposal: DraftProposal, temperature: float | Tensor, seed: int, offset: int
+        self,
+        proposal: DraftProposal,
+        temperature: float | Tensor,
+        seed: int,
+        offset: int,
+        *,
+        whole_vocab: bool = True,
     ) -> MarkovSample:
-        """Step 2 of a draft: Markov sampling of the proposal's slots (tokens, ``z`` over the whole vocabulary,
-        ``prev_emb``). The noise is keyed by ``(seed, offset, request id, slot)``. Greedy rows (temperature 0)
-        get the copy head's greedy table here (``dspark.models.copy_head``)."""
+        """Step 2 of a draft: Markov sampling of the proposal's slots (tokens, ``z``, ``prev_emb``). The noise is
+        keyed by ``(seed, offset, request id, slot)``. Greedy rows (temperature 0) get the copy head's greedy
+        table here (``dspark.models.copy_head``).
+
+        ``z`` is over the whole vocabulary ``(R, g, V)``; with ``whole_vocab=False`` a drafter with a draft
+        vocabulary leaves it over that vocabulary ``(R, g, V')`` (:meth:`whole_vocab_logits` widens it later,
+        where a caller needs ``q`` at all: greedy verification reads none).
+        """
         p, vocab = proposal, self._vocab_tables()
         base = p.base_logits
         head = self.copy_head
@@ -232,11 +243,17 @@ class DraftSteps:
             )
         else:  # DFlash: no Markov bias (z = U)
             s = sample_without_markov(base, p.anchors, temperature, seed, offset, p.request_ids, vocab=vocab)
-        if vocab is not None:  # the verifier takes q over the whole vocabulary: 0 outside the draft one
-            s = MarkovSample(
-                s.tokens, expand_to_vocab(s.logits, vocab.token_ids, self.config.vocab_size), s.prev_emb
-            )
+        if whole_vocab:
+            s = MarkovSample(s.tokens, self.whole_vocab_logits(s.logits), s.prev_emb)
         return s
+
+    def whole_vocab_logits(self, logits: Tensor) -> Tensor:
+        """Draft logits ``(..., V')`` over the draft vocabulary -> ``(..., V)`` over the whole one (q = 0 outside
+        it: the verifier takes q over the whole vocabulary); unchanged without a draft vocabulary."""
+        vocab = self._vocab_tables()
+        if vocab is None:
+            return logits
+        return expand_to_vocab(logits, vocab.token_ids, self.config.vocab_size)
 
     def score(
         self,
