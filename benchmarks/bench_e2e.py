@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import env_info  # noqa: E402
 from benchmarks.e2e.inputs import (  # noqa: E402
     optional_path,
+    pad_token_id,
     read_prompt_sets,
     resolve_dflash,
     resolve_drafter,
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         folder_prior = None
     lookup_prior = optional_path(args.lookup_prior, folder_prior)
 
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = pad_token_id(tok)
     eos = target.generation_config.eos_token_id
     eos = tok.eos_token_id if eos is None else eos
     eos_ids = [] if args.ignore_eos else ([eos] if isinstance(eos, int) else list(eos))

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark.decoding.round as round_module  # noqa: E402
 from benchmarks.common import cpu_description  # noqa: E402
-from benchmarks.e2e.inputs import read_prompt_sets, resolve_drafter  # noqa: E402
+from benchmarks.e2e.inputs import pad_token_id, read_prompt_sets, resolve_drafter  # noqa: E402
 from benchmarks.e2e.runners import run_dspark, run_hf, run_prompt_lookup  # noqa: E402
 from dspark.decoding.inputs import chat_token_ids  # noqa: E402
 from dspark.decoding.lookup import LookupConfig  # noqa: E402
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "sps": sps,
         "sts": sts,
         "prior": prior if prior is not None and prior.exists() else None,
-        "pad_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        "pad_id": pad_token_id(tok),
     }
     if any("local" in m.split("+")[1:] for m in args.methods):
         from dspark.profiling.local import local_cost_table

@@ -73,6 +73,11 @@ def resolve_dflash(
     return None
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id HF ``generate`` pads batches with: the tokenizer's pad token, else its EOS."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def optional_path(value: str | None, default: Path | None) -> Path | None:
     """``--sps`` / ``--sts``: not given keeps ``default``, ``none`` turns it off, else a path."""
     if value is None:
