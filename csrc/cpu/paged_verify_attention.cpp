@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU paged_verify_attention: ragged attention of each request's query rows over its own paged KV.
 //
-// Work items are (request, KV head, chunk of up to kQueryChunk query tokens), run with at::parallel_for. An
-// item handles every query head of its KV head's GQA group, so a block of keys is gathered from the pages and
-// converted to fp32 once (fp32 caches are read in place) and then used by all G * chunk query rows (a verify
-// round of <= 16 tokens is one chunk: its K/V are read once per KV head). Scores and the online softmax run
-// in fp32 (include/dspark/ online_softmax.h); the output is rounded to the input dtype once at the end. On a
-// CPU with AVX-512 (unless DSPARK_CPU_SIMD=0) and D a multiple of 16, the scores, the softmax weights and the
-// P·V update of a row run on 16 lanes (3x the scalar loops at 8 decode requests, docs/benchmarks.md); with
-// AVX2 + FMA (or DSPARK_CPU_SIMD=avx2) and D a multiple of 8, the scores, the weights and the P·V update run
-// on 8 lanes.
+// Work items are (request, KV head, chunk of up to kQueryChunk query tokens, split of its keys), run with
+// at::parallel_for. An item handles every query head of its KV head's GQA group, so a block of keys is
+// gathered from the pages and converted to fp32 once (fp32 caches are read in place) and then used by all G *
+// chunk query rows (a verify round of <= 16 tokens is one chunk: its K/V are read once per KV head). A verify
+// chunk's keys are split in up to kMaxKeySplits ranges of >= kKeySplit keys, whose partial softmax states are
+// merged after (split-KV): one request has only Hkv chunks, too few to keep the threads busy. The split
+// depends on the chunk's own key count only, so a request's output does not depend on the batch or the thread
+// count. Scores and the online softmax run in fp32 (include/dspark/online_softmax.h); the output is rounded
+// to the input dtype once at the end. On a CPU with AVX-512 (unless DSPARK_CPU_SIMD=0) and D a multiple of
+// 16, the scores, the softmax weights and the P·V update of a row run on 16 lanes (3x the scalar loops at 8
+// decode requests, docs/benchmarks.md); with AVX2 + FMA (or DSPARK_CPU_SIMD=avx2) and D a multiple of 8, the
+// scores, the weights and the P·V update run on 8 lanes.
 #include "checks/paged_verify_attention.h"
 
 #include <ATen/Dispatch.h>
@@ -20,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "avx512_common.h"
@@ -30,6 +34,8 @@ namespace {
 
 constexpr int64_t kQueryChunk = 16;  // query tokens per work item
 constexpr int64_t kKeyBlock = 64;    // keys gathered per step
+constexpr int64_t kKeySplit = 512;   // keys per split at least
+constexpr int64_t kMaxKeySplits = 8;
 
 #if defined(DSPARK_HAVE_AVX512_PATH)
 // Scores of one query row against nk keys: S[j] = (q . k_j) * scale on 16-lane fmas and a tree reduction per
@@ -249,14 +255,34 @@ inline float dot16(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// First key of split s of n over [0, kv_end), a multiple of kKeyBlock (no extra partial key blocks); s = n
+// gives kv_end.
+int64_t split_start(int64_t kv_end, int64_t s, int64_t n) {
+  return s == n ? kv_end : kv_end * s / n / kKeyBlock * kKeyBlock;
+}
+
 struct Item {
   int64_t r, kvh, q0, q1;  // request, KV head, query tokens [q0, q1) relative to the request's first
+  int64_t k0, k1;          // its keys [k0, k1); k1 = -1: every key the chunk sees
+  int64_t part;  // first row of its partial state in the split scratch; -1: unsplit, writes the output
 };
+
+// Partial softmax states of split items: o (unnormalised, rows x D), m and l per row.
+struct Partials {
+  std::vector<float> o, m, l;
+};
+
+// Splits of a chunk whose last query row sees kv_end keys: 1 for prefill chunks (a request with more query
+// tokens than one chunk has enough chunks), else one per kKeySplit keys, at most kMaxKeySplits.
+int64_t key_splits(int64_t n_q, int64_t kv_end) {
+  if (n_q > kQueryChunk) return 1;
+  return std::clamp<int64_t>(kv_end / kKeySplit, 1, kMaxKeySplits);
+}
 
 template <typename T>
 void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, const int32_t* qo,
                  const int32_t* kvp, const int32_t* idx, const int32_t* last, int64_t Hq, int64_t Hkv,
-                 int64_t D, int64_t ps, float scale, bool causal, int simd) {
+                 int64_t D, int64_t ps, float scale, bool causal, int simd, Partials& parts) {
   const int64_t G = Hq / Hkv;
   const int64_t n_q = qo[it.r + 1] - qo[it.r];
   const int64_t n_pages = kvp[it.r + 1] - kvp[it.r];
@@ -281,8 +307,8 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
       for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
     }
   }
-  const int64_t kv_end = limit(it.q1 - 1);
-  for (int64_t kb = 0; kb < kv_end; kb += kKeyBlock) {
+  const int64_t kv_end = it.k1 < 0 ? limit(it.q1 - 1) : it.k1;
+  for (int64_t kb = it.k0; kb < kv_end; kb += kKeyBlock) {
     const int64_t nk = std::min(kKeyBlock, kv_end - kb);
     for (int64_t j = 0; j < nk; ++j) {
       const int64_t key = kb + j;
@@ -346,6 +372,12 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
       }
     }
   }
+  if (it.part >= 0) {  // a split: its state, merged by merge_splits
+    std::copy(O.begin(), O.end(), parts.o.begin() + it.part * D);
+    std::copy(m.begin(), m.end(), parts.m.begin() + it.part);
+    std::copy(l.begin(), l.end(), parts.l.begin() + it.part);
+    return;
+  }
   for (int64_t i = 0; i < nt; ++i) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t row = i * G + g;
@@ -353,6 +385,33 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
       T* dst = out + ((qo[it.r] + it.q0 + i) * Hq + it.kvh * G + g) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(O[row * D + d] * inv);
     }
+  }
+}
+
+// The output rows of the chunk whose splits are items[first, first + n): their partial states folded in split
+// order (the running maximum, l and o rescaled as in online_softmax.h), then normalised.
+template <typename T>
+void merge_splits(const Item* items, int64_t n, const Partials& parts, T* out, const int32_t* qo, int64_t Hq,
+                  int64_t Hkv, int64_t D) {
+  const Item& it = items[0];
+  const int64_t G = Hq / Hkv, nr = (it.q1 - it.q0) * G;
+  std::vector<float> o(D);
+  for (int64_t row = 0; row < nr; ++row) {
+    float m = softmax_neg_inf(), l = 0.f;
+    std::fill(o.begin(), o.end(), 0.f);
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t p = items[s].part + row;
+      const float m_new = std::max(m, parts.m[p]);
+      const float a = softmax_rescale(m, m_new), b = softmax_merge_weight(parts.m[p], m_new);
+      const float* os = parts.o.data() + p * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = o[d] * a + os[d] * b;
+      l = l * a + parts.l[p] * b;
+      m = m_new;
+    }
+    const float inv = softmax_inv_sum(l);
+    const int64_t i = row / G, g = row % G;
+    T* dst = out + ((qo[it.r] + it.q0 + i) * Hq + it.kvh * G + g) * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(o[d] * inv);
   }
 }
 
@@ -377,14 +436,35 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
   check_paged_index_values(qop, kvpp, idxp, lastp, R, T, idx.numel(), P, ps);
   const auto qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
   auto out = at::empty_like(qc);
+  // items, and the chunks split over their keys (first item, splits)
   std::vector<Item> items;
+  std::vector<std::pair<int64_t, int64_t>> split_chunks;
+  int64_t part_rows = 0;
+  const int64_t G = Hq / Hkv;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n_q = qop[r + 1] - qop[r];
+    const int64_t n_pages = kvpp[r + 1] - kvpp[r];
+    const int64_t n_kv = n_pages == 0 ? 0 : (n_pages - 1) * ps + lastp[r];
     for (int64_t h = 0; h < Hkv; ++h) {
-      for (int64_t q0 = 0; q0 < n_q; q0 += kQueryChunk)
-        items.push_back({r, h, q0, std::min(n_q, q0 + kQueryChunk)});
+      for (int64_t q0 = 0; q0 < n_q; q0 += kQueryChunk) {
+        const int64_t q1 = std::min(n_q, q0 + kQueryChunk);
+        const int64_t kv_end = causal ? std::clamp<int64_t>(n_kv - n_q + q1, 0, n_kv) : n_kv;
+        const int64_t splits = key_splits(n_q, kv_end);
+        if (splits == 1) {
+          items.push_back({r, h, q0, q1, 0, -1, -1});
+          continue;
+        }
+        split_chunks.emplace_back(static_cast<int64_t>(items.size()), splits);
+        for (int64_t s = 0; s < splits; ++s) {
+          items.push_back(
+              {r, h, q0, q1, split_start(kv_end, s, splits), split_start(kv_end, s + 1, splits), part_rows});
+          part_rows += (q1 - q0) * G;
+        }
+      }
     }
   }
+  Partials parts{std::vector<float>(part_rows * D), std::vector<float>(part_rows),
+                 std::vector<float>(part_rows)};
   const float sc = static_cast<float>(scale);
   const int simd = simd_level(D);
   AT_DISPATCH_FLOATING_TYPES_AND2(
@@ -395,7 +475,14 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
         scalar_t* op = out.data_ptr<scalar_t>();
         at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
-            attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp, lastp, Hq, Hkv, D, ps, sc, causal, simd);
+            attend_item(items[i], qp, kp, vp, op, qop, kvpp, idxp, lastp, Hq, Hkv, D, ps, sc, causal, simd,
+                        parts);
+          }
+        });
+        at::parallel_for(0, static_cast<int64_t>(split_chunks.size()), 1, [&](int64_t begin, int64_t end) {
+          for (int64_t c = begin; c < end; ++c) {
+            const auto [first, n] = split_chunks[c];
+            merge_splits(items.data() + first, n, parts, op, qop, Hq, Hkv, D);
           }
         });
       });

@@ -61,6 +61,8 @@ CASES = [
     ("prefill", [40, 1, 70], [40, 9, 70], 4, 1, 64, 16),
     ("mixed_page1", [5, 12], [5, 30], 8, 2, 32, 1),
     ("generic_d40_page5", [2, 9, 1], [11, 9, 50], 3, 1, 40, 5),
+    # verify chunks over >= 1024 keys are split over their keys and merged (2, 4 and 8 splits)
+    ("verify_split_keys", [1, 16, 5], [1100, 2070, 4500], 6, 2, 64, 16),
 ]
 
 
@@ -94,6 +96,32 @@ def test_the_rule_sees_one_wrong_output(simd, monkeypatch):
     out[2, 1, 7] += 1e-4
     with pytest.raises(AssertionError, match="op error"):
         assert_fa_rule(out, args, 0.125, True, FLOOR[torch.float32])
+
+
+@pytest.mark.parametrize("simd", ["on", "off"])
+def test_a_request_attends_alike_alone_and_in_a_batch(simd, monkeypatch):
+    # the CPU op splits a verify chunk's keys by the chunk's own key count, never by R or the thread count: a
+    # request's rows are bit for bit the same alone as next to others (the long one is split, the short not)
+    if simd == "off":
+        monkeypatch.setenv("DSPARK_CPU_SIMD", "0")
+    n_q, n_kv = [3, 4, 1], [70, 1500, 2600]
+    q, kc, vc, qo, kvp, idx, last = make_paged(n_q, n_kv, Hq=6, Hkv=2, seed=8)
+    batched = dspark.ops.paged_verify_attention(q, kc, vc, qo, kvp, idx, last, 0.125, True)
+    for r in range(3):
+        rows = slice(int(qo[r]), int(qo[r + 1]))
+        pages = idx[int(kvp[r]) : int(kvp[r + 1])]
+        alone = dspark.ops.paged_verify_attention(
+            q[rows],
+            kc,
+            vc,
+            torch.tensor([0, n_q[r]], dtype=torch.int32),
+            torch.tensor([0, len(pages)], dtype=torch.int32),
+            pages,
+            last[r : r + 1],
+            0.125,
+            True,
+        )
+        assert torch.equal(alone, batched[rows])
 
 
 def test_bottom_right_causal_alignment_explicitly():
