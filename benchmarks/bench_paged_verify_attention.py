@@ -4,7 +4,8 @@
 python benchmarks/bench_paged_verify_attention.py [--quick] [--device cuda] [--json out.json]
 
 Cases: a verify round (R requests, 1-8 query rows each, 100-1000 keys each), a decode step and a 2-row verify
-of 8 requests over 256 keys each (the batch-8 rounds of docs/benchmarks.md), and prefill (long query blocks).
+of 8 requests over 256 keys each (the batch-8 rounds of docs/benchmarks.md), one request over 2,000 / 4,000
+keys (batch 1 on a long prompt), and prefill (long query blocks).
 On CPU the op is also timed with its scalar loops (``DSPARK_CPU_SIMD=0``, read per call) against its vector
 loops (AVX-512, or AVX2 + FMA), in the same process.
 """
@@ -59,6 +60,9 @@ def main() -> None:
         ("verify uniform", [4] * R, [550] * R),
         ("decode 256", [1] * R, [256] * R),
         ("verify 2 x 256", [2] * R, [256] * R),
+        # one request over a long context: its Hkv chunks alone would leave threads idle (split over keys)
+        ("decode 1 x 2000", [1], [2000]),
+        ("verify 1 x 4 x 4000", [4], [4000]),
         ("prefill", [512, 256], [512, 256]),
     ]
     heads = [(9, 3, 64)] if args.quick else [(9, 3, 64), (32, 8, 128)]
