@@ -11,6 +11,9 @@ the engine's.
     python benchmarks/bench_interleaved.py --prompts PROMPTS/humaneval.jsonl PROMPTS/mt-bench.jsonl \\
         --n 8 --max-new-tokens 128 --batch 8 --temperature 0 --repeats 5 --threads 2
 
+``--skip K`` starts each set at row K (past rows a drafter was trained or calibrated on) and
+``--min-prompt-tokens N`` keeps only prompts of at least N tokens (long inputs, where lookup copies most).
+
 Methods (``--methods``): ``engine`` (no drafts), ``dspark`` (the drafter, ``early_stop``), ``lookup`` (lookup
 decoding), ``hybrid`` (drafter + lookup), and the two Hugging Face baselines ``hf`` (``generate``, left-padded
 batches) and ``hf_lookup`` (``generate(prompt_lookup_num_tokens=10)``, batch 1 only: HF refuses more).
@@ -56,6 +59,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=Path, nargs="+", default=None, help="prompt sets (JSONL)")
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
+    ap.add_argument("--skip", type=int, default=0, help="first row of each set (rows before it are not read)")
+    ap.add_argument(
+        "--min-prompt-tokens",
+        type=int,
+        default=0,
+        help="only prompts of at least this many tokens (chat template applied): the first --n of them",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -109,6 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.batch = 1 if "hf_lookup" in args.methods else 2  # HF prompt lookup: batch 1 only
     if min(args.n, args.max_new_tokens, args.batch, args.repeats) < 1:
         ap.error("--n, --max-new-tokens, --batch and --repeats must be >= 1")
+    if min(args.skip, args.min_prompt_tokens) < 0:
+        ap.error("--skip and --min-prompt-tokens must be >= 0")
     if "hf_lookup" in args.methods and args.batch != 1:
         ap.error(f"--methods hf_lookup: HF prompt lookup runs at batch 1 only, got --batch {args.batch}")
     return args
@@ -221,8 +233,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats} repeats"
     )
     failed = False
-    for set_name, texts in read_prompt_sets(args.prompts, args.n):
+    for set_name, texts in read_prompt_sets(
+        args.prompts, None if args.min_prompt_tokens else args.n, args.skip
+    ):
         prompts = [chat_token_ids(tok, t) for t in texts]
+        prompts = [p for p in prompts if len(p) >= args.min_prompt_tokens][: args.n]
+        if not prompts:
+            print(
+                f"\n### {set_name}: no prompt of at least {args.min_prompt_tokens} tokens from row {args.skip}"
+            )
+            continue
         runs: dict[str, list] = {m: [] for m in args.methods}
         for rep in range(args.repeats):
             k = rep % len(args.methods)
@@ -233,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"  [{set_name}, repeat {rep + 1}] {m}: {run.tokens_per_second:.1f} tok/s",
                     file=sys.stderr,
                 )
-        print(f"\n### {set_name}: {len(prompts)} prompts × {args.max_new_tokens} new tokens, EOS ignored\n")
+        lengths = sorted(len(p) for p in prompts)
+        print(
+            f"\n### {set_name}: {len(prompts)} prompts ({lengths[0]}–{lengths[-1]} tokens) × "
+            f"{args.max_new_tokens} new tokens, EOS ignored\n"
+        )
         print("\n".join(summary(runs, args.methods)))
         if args.temperature == 0:
             want = runs["engine"][0].sequences

@@ -16,13 +16,14 @@ from dspark.prompts import read_prompt_file
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts_small.jsonl"
 
 
-def read_prompt_sets(paths: list[Path] | None, n: int) -> list[tuple[str, list[str]]]:
-    """``(name, first user turns)`` of the first ``n`` rows of every prompt file (default: the shipped set)."""
+def read_prompt_sets(paths: list[Path] | None, n: int | None, skip: int = 0) -> list[tuple[str, list[str]]]:
+    """``(name, first user turns)`` of rows ``skip .. skip + n - 1`` of every prompt file (default: the shipped
+    set; ``n`` None: every row from ``skip``)."""
     paths = paths or [DEFAULT_PROMPTS]
     for p in paths:
         if not p.is_file():
             sys.exit(f"bench_e2e: prompt file {p} not found")
-    return [(p.stem, [q.text for q in read_prompt_file(p, limit=n)]) for p in paths]
+    return [(p.stem, [q.text for q in read_prompt_file(p, limit=n, skip=skip)]) for p in paths]
 
 
 def random_drafter(target: torch.nn.Module, markov_rank: int) -> DSparkDrafter:
