@@ -246,7 +246,7 @@ def run_dspark(
         lookup=lookup,
         lookup_prior=lookup_prior if lookup else None,
         # measured costs correct a cost table; plain decoding has none to correct
-        measure_costs=measure_costs and sps is not None and (drafter is not None or lookup),
+        measure_costs=bool(measure_costs and sps is not None and (drafter is not None or lookup)),
         finish_together=finish_together,
     )
     try:
