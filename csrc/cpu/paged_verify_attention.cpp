@@ -261,9 +261,20 @@ int64_t split_start(int64_t kv_end, int64_t s, int64_t n) {
   return s == n ? kv_end : kv_end * s / n / kKeyBlock * kKeyBlock;
 }
 
+// Keys of request r: its full pages and the used part of the last one.
+int64_t kv_length(const int32_t* kvp, const int32_t* last, int64_t ps, int64_t r) {
+  const int64_t n_pages = kvp[r + 1] - kvp[r];
+  return n_pages == 0 ? 0 : (n_pages - 1) * ps + last[r];
+}
+
+// Keys [0, n) query token i (relative to its request's first) sees: causal rows are bottom-right aligned.
+int64_t visible_keys(int64_t n_kv, int64_t n_q, int64_t i, bool causal) {
+  return causal ? std::clamp<int64_t>(n_kv - n_q + i + 1, 0, n_kv) : n_kv;
+}
+
 struct Item {
   int64_t r, kvh, q0, q1;  // request, KV head, query tokens [q0, q1) relative to the request's first
-  int64_t k0, k1;          // its keys [k0, k1); k1 = -1: every key the chunk sees
+  int64_t k0, k1;          // its keys [k0, k1)
   int64_t part;  // first row of its partial state in the split scratch; -1: unsplit, writes the output
 };
 
@@ -285,15 +296,10 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
                  int64_t D, int64_t ps, float scale, bool causal, int simd, Partials& parts) {
   const int64_t G = Hq / Hkv;
   const int64_t n_q = qo[it.r + 1] - qo[it.r];
-  const int64_t n_pages = kvp[it.r + 1] - kvp[it.r];
-  const int64_t n_kv = n_pages == 0 ? 0 : (n_pages - 1) * ps + last[it.r];
+  const int64_t n_kv = kv_length(kvp, last, ps, it.r);
   const int32_t* pages = idx + kvp[it.r];
   const int64_t nt = it.q1 - it.q0, nr = nt * G;  // query rows: token-major, then head within the group
-  // keys visible to query token i (relative): [0, limit(i))
-  auto limit = [&](int64_t i) -> int64_t {
-    if (!causal) return n_kv;
-    return std::clamp<int64_t>(n_kv - n_q + i + 1, 0, n_kv);
-  };
+  auto limit = [&](int64_t i) { return visible_keys(n_kv, n_q, i, causal); };
   std::vector<float> Q(nr * D), O(nr * D, 0.f), m(nr, softmax_neg_inf()), l(nr, 0.f);
   // fp32 caches are read in place; other dtypes are converted per key block into Kb/Vb.
   constexpr bool kInPlace = std::is_same_v<T, float>;
@@ -307,9 +313,8 @@ void attend_item(const Item& it, const T* q, const T* kc, const T* vc, T* out, c
       for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
     }
   }
-  const int64_t kv_end = it.k1 < 0 ? limit(it.q1 - 1) : it.k1;
-  for (int64_t kb = it.k0; kb < kv_end; kb += kKeyBlock) {
-    const int64_t nk = std::min(kKeyBlock, kv_end - kb);
+  for (int64_t kb = it.k0; kb < it.k1; kb += kKeyBlock) {
+    const int64_t nk = std::min(kKeyBlock, it.k1 - kb);
     for (int64_t j = 0; j < nk; ++j) {
       const int64_t key = kb + j;
       const int64_t slot = static_cast<int64_t>(pages[key / ps]) * ps + key % ps;
@@ -443,15 +448,14 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
   const int64_t G = Hq / Hkv;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n_q = qop[r + 1] - qop[r];
-    const int64_t n_pages = kvpp[r + 1] - kvpp[r];
-    const int64_t n_kv = n_pages == 0 ? 0 : (n_pages - 1) * ps + lastp[r];
+    const int64_t n_kv = kv_length(kvpp, lastp, ps, r);
     for (int64_t h = 0; h < Hkv; ++h) {
       for (int64_t q0 = 0; q0 < n_q; q0 += kQueryChunk) {
         const int64_t q1 = std::min(n_q, q0 + kQueryChunk);
-        const int64_t kv_end = causal ? std::clamp<int64_t>(n_kv - n_q + q1, 0, n_kv) : n_kv;
+        const int64_t kv_end = visible_keys(n_kv, n_q, q1 - 1, causal);  // what its last row sees
         const int64_t splits = key_splits(n_q, kv_end);
         if (splits == 1) {
-          items.push_back({r, h, q0, q1, 0, -1, -1});
+          items.push_back({r, h, q0, q1, 0, kv_end, -1});
           continue;
         }
         split_chunks.emplace_back(static_cast<int64_t>(items.size()), splits);
