@@ -5,11 +5,16 @@
 #   bash scripts/ci_cuda_build.sh
 #
 # 1. Creates (once) a second virtual environment .venv-cuda with the CUDA 13.0 build of torch and the build
-#    tools (torch==2.14.1, nvidia-cutlass, scikit-build-core, ninja, cmake, numpy).
+#    tools (torch==2.14.1, nvidia-cutlass, scikit-build-core, ninja, cmake, numpy, and cuobjdump / nvdisasm
+#    from nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm).
 # 2. Builds the extension with DSPARK_ENABLE_CUDA=ON for DSPARK_CUDA_ARCHS (default "80;90a") into build-cuda/
 #    (kept between runs, so a rebuild only recompiles what changed) and installs the wheel into .venv-cuda.
 # 3. Imports it there (a CUDA build imports without a GPU; its CPU kernels run) and checks dspark.build_info():
 #    cuda is True and every requested architecture was compiled.
+# 4. Compiles and runs the host checks of tests/cuda_host/*.cu: the kernels' planning functions (__host__
+#    __device__) tested on the CPU.
+# 5. Gates the compiled kernels (tools/cuda_kernel_gates.py): no stack frame or local memory (register spills)
+#    beyond the listed exceptions, and tensor-core instructions in every kernel that claims them.
 # Any compile error, failed install or failed check exits non-zero.
 #
 # Environment: PYTHON (interpreter for the venv, default python3), DSPARK_CUDA_ARCHS, CMAKE_BUILD_PARALLEL_LEVEL.
@@ -34,7 +39,9 @@ fi
 venv_ready() {
   [ -x "$PY" ] && "$PY" - "$TORCH_VERSION" <<'EOF' >/dev/null 2>&1
 import sys
-import torch, cutlass_library, scikit_build_core, ninja, cmake, numpy  # noqa: F401
+import os, nvidia, torch, cutlass_library, scikit_build_core, ninja, cmake, numpy  # noqa: F401
+bins = os.path.join(list(nvidia.__path__)[0], "cu13", "bin")
+assert all(os.path.exists(os.path.join(bins, t)) for t in ("cuobjdump", "nvdisasm")), "no cuobjdump / nvdisasm"
 assert torch.__version__.split("+")[0] == sys.argv[1], torch.__version__
 assert torch.version.cuda is not None, "torch is a CPU build"
 EOF
@@ -44,7 +51,8 @@ if venv_ready; then
 else
   log "creating $VENV (torch==$TORCH_VERSION, CUDA build)"
   [ -x "$PY" ] || "${PYTHON:-python3}" -m venv "$VENV"
-  "$PY" -m pip install --quiet "torch==$TORCH_VERSION" nvidia-cutlass scikit-build-core ninja 'cmake>=3.26' numpy
+  "$PY" -m pip install --quiet "torch==$TORCH_VERSION" nvidia-cutlass scikit-build-core ninja 'cmake>=3.26' numpy \
+    'nvidia-cuda-cuobjdump>=13,<14' 'nvidia-cuda-nvdisasm>=13,<14'
   venv_ready || { echo "ci_cuda_build: $VENV is not usable after installing" >&2; exit 1; }
 fi
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
@@ -99,4 +107,19 @@ u, g = dspark.ops.philox_draw(0, 0, i * 0, i * 0, 0, i)
 assert bool(((u > 0) & (u < 1)).all())
 print("cuda available:", torch.cuda.is_available(), "| CUDA kernels registered for philox_draw, confidence, plan_verify")
 EOF
-log "OK: every .cu compiled for $ARCHS and the build imports"
+
+# --- 4. host checks of the kernels' planning functions ---------------------------------------------------
+cd "$ROOT"
+NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+mkdir -p build-cuda/host-checks
+for src in tests/cuda_host/*.cu; do
+  bin="build-cuda/host-checks/$(basename "$src" .cu)"
+  "$NVCC" -std=c++17 -O1 -I include -o "$bin" "$src"
+  "$bin"
+done
+
+# --- 5. gates on the compiled kernels ---------------------------------------------------------------------
+NV_BIN="$("$PY" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "bin"))')"
+LIB="$("$PY" -c 'import dspark, pathlib; print(next(pathlib.Path(dspark.__file__).parent.glob("_C*.so")))')"
+PATH="$NV_BIN:$PATH" "$PY" tools/cuda_kernel_gates.py "$LIB"
+log "OK: every .cu compiled for $ARCHS, the build imports, the host checks and the kernel gates pass"

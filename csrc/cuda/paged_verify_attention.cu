@@ -6,32 +6,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <algorithm>
-
 #include "checks/paged_verify_attention.h"
 #include "dspark/kernels/paged_verify_attention.cuh"
 
 namespace dspark {
-namespace {
-
-// KV splits per (request, KV head): enough CTAs to cover the SMs twice for short query blocks; 1 for
-// prefill-like batches (more than 16 query tokens per request on average), and never a workspace over 256
-// MiB.
-int choose_splits(int64_t T, int64_t R, int64_t Hq, int64_t Hkv, int64_t D, int device) {
-  if (R == 0 || T > 16 * R) return 1;
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
-    sms = 80;
-  int64_t splits = (2 * sms + R * Hkv - 1) / (R * Hkv);
-  splits = std::clamp<int64_t>(splits, 1, 32);
-  const int64_t per_split_bytes = T * Hq * (D + 2) * 4;
-  splits = std::min<int64_t>(
-      splits, std::max<int64_t>(1, (int64_t{256} << 20) / std::max<int64_t>(1, per_split_bytes)));
-  return static_cast<int>(splits);
-}
-
-}  // namespace
-
 // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
 // kv_indices [nnz] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (cuda). The index value checks read the
 // index tensors and would sync, so they are CPU-only; on CUDA invalid indices are undefined behaviour.
@@ -46,8 +24,8 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
   TORCH_CHECK_VALUE(kernels::PvaHasSplitKernel(D) || D <= kernels::kPvaGenericMaxD,
                     "dspark::paged_verify_attention: q head_dim ", D, " is not supported on CUDA (at most ",
                     kernels::kPvaGenericMaxD, ")");
-  TORCH_CHECK_VALUE(T <= 0x7FFFFFFF && R <= 65535 && Hkv <= 65535,
-                    "dspark::paged_verify_attention: CUDA limits are T < 2^31, R <= 65535 and Hkv <= 65535");
+  TORCH_CHECK_VALUE(T <= 0x7FFFFFFF && R <= 65535 && Hq <= 65535,
+                    "dspark::paged_verify_attention: CUDA limits are T < 2^31, R <= 65535 and Hq <= 65535");
   TORCH_CHECK_VALUE(k_cache.numel() <= (int64_t{1} << 62),
                     "dspark::paged_verify_attention: k_cache too large");
   const auto qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
@@ -55,11 +33,13 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
              last = kv_last_page_len.contiguous();
   auto out = at::empty_like(qc);
   if (T == 0) return out;
-  const int splits = kernels::PvaHasSplitKernel(D) ? choose_splits(T, R, Hq, Hkv, D, q.get_device()) : 1;
-  at::Tensor ws_o, ws_ml;
-  if (splits > 1) {
-    ws_o = at::empty({splits, T, Hq, D}, q.options().dtype(at::kFloat));
-    ws_ml = at::empty({2, splits, T, Hq}, q.options().dtype(at::kFloat));
+  // the split kernel's workspace: its size follows T and R, a request's split count never does (C2)
+  at::Tensor ws_o, ws_ml, base;
+  if (kernels::PvaHasSplitKernel(D)) {
+    const int64_t W = kernels::PvaWorkspaceRows(T, R);
+    ws_o = at::empty({kernels::kPvaMaxSplits, W, Hq, D}, q.options().dtype(at::kFloat));
+    ws_ml = at::empty({2, kernels::kPvaMaxSplits, W, Hq}, q.options().dtype(at::kFloat));
+    base = at::empty({R}, q.options().dtype(at::kInt));
   }
   kernels::PvaIndex ix{qo.data_ptr<int32_t>(),
                        kvp.data_ptr<int32_t>(),
@@ -73,13 +53,14 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cuda", [&] {
-        float* wo = splits > 1 ? ws_o.data_ptr<float>() : nullptr;
-        float* wm = splits > 1 ? ws_ml.data_ptr<float>() : nullptr;
-        float* wl = splits > 1 ? wm + splits * T * Hq : nullptr;
+        const bool split = ws_o.defined();
+        float* wo = split ? ws_o.data_ptr<float>() : nullptr;
+        float* wm = split ? ws_ml.data_ptr<float>() : nullptr;
+        float* wl = split ? wm + ws_ml.numel() / 2 : nullptr;
         const cudaError_t status = kernels::PagedVerifyAttention<scalar_t>(
             qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
-            out.data_ptr<scalar_t>(), wo, wm, wl, ix, static_cast<int>(T), static_cast<int>(R),
-            static_cast<int>(D), splits, stream);
+            out.data_ptr<scalar_t>(), wo, wm, wl, split ? base.data_ptr<int32_t>() : nullptr, ix,
+            static_cast<int>(T), static_cast<int>(R), static_cast<int>(D), stream);
         TORCH_CHECK(status == cudaSuccess, "dspark::paged_verify_attention: CUDA kernel launch failed: ",
                     cudaGetErrorString(status));
       });

@@ -98,30 +98,35 @@ def test_the_rule_sees_one_wrong_output(simd, monkeypatch):
         assert_fa_rule(out, args, 0.125, True, FLOOR[torch.float32])
 
 
+def assert_alone_as_in_batch(n_q, n_kv, Hq, Hkv, D=64, dtype=torch.float32, device="cpu"):
+    """Each request's rows computed alone equal, bit for bit, its rows in the whole batch (contract C2)."""
+    q, kc, vc, qo, kvp, idx, last = make_paged(n_q, n_kv, Hq, Hkv, D, dtype=dtype, seed=8, device=device)
+    batched = dspark.ops.paged_verify_attention(q, kc, vc, qo, kvp, idx, last, D**-0.5, True)
+    qo_h, kvp_h = qo.tolist(), kvp.tolist()
+    for r in range(len(n_q)):
+        rows = slice(qo_h[r], qo_h[r + 1])
+        pages = idx[kvp_h[r] : kvp_h[r + 1]]
+        alone = dspark.ops.paged_verify_attention(
+            q[rows],
+            kc,
+            vc,
+            torch.tensor([0, n_q[r]], dtype=torch.int32, device=device),
+            torch.tensor([0, len(pages)], dtype=torch.int32, device=device),
+            pages,
+            last[r : r + 1],
+            D**-0.5,
+            True,
+        )
+        assert torch.equal(alone, batched[rows]), f"request {r} ({n_q[r]} rows, {n_kv[r]} keys) differs"
+
+
 @pytest.mark.parametrize("simd", ["on", "off"])
 def test_a_request_attends_alike_alone_and_in_a_batch(simd, monkeypatch):
     # the CPU op splits a verify chunk's keys by the chunk's own key count, never by R or the thread count: a
     # request's rows are bit for bit the same alone as next to others (the long one is split, the short not)
     if simd == "off":
         monkeypatch.setenv("DSPARK_CPU_SIMD", "0")
-    n_q, n_kv = [3, 4, 1], [70, 1500, 2600]
-    q, kc, vc, qo, kvp, idx, last = make_paged(n_q, n_kv, Hq=6, Hkv=2, seed=8)
-    batched = dspark.ops.paged_verify_attention(q, kc, vc, qo, kvp, idx, last, 0.125, True)
-    for r in range(3):
-        rows = slice(int(qo[r]), int(qo[r + 1]))
-        pages = idx[int(kvp[r]) : int(kvp[r + 1])]
-        alone = dspark.ops.paged_verify_attention(
-            q[rows],
-            kc,
-            vc,
-            torch.tensor([0, n_q[r]], dtype=torch.int32),
-            torch.tensor([0, len(pages)], dtype=torch.int32),
-            pages,
-            last[r : r + 1],
-            0.125,
-            True,
-        )
-        assert torch.equal(alone, batched[rows])
+    assert_alone_as_in_batch([3, 4, 1], [70, 1500, 2600], Hq=6, Hkv=2)
 
 
 def test_bottom_right_causal_alignment_explicitly():

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 import dspark
-from tests.ops.test_paged_verify_attention import CASES, FLOOR, assert_fa_rule, make_paged
+from tests.ops.test_paged_verify_attention import (
+    CASES,
+    FLOOR,
+    assert_alone_as_in_batch,
+    assert_fa_rule,
+    make_paged,
+)
 
 pytestmark = [
     pytest.mark.cuda,
@@ -19,6 +25,8 @@ EXTRA = [
     ("split_long", [16], [5000], 32, 4, 128, 16),
     ("split_many_short", [1] * 40, [3] * 20 + [700] * 20, 8, 8, 64, 16),
     ("generic_d256", [3, 20], [40, 20], 2, 1, 256, 16),
+    # split requests (16 and 2 splits) beside a prefill and an unsplit one: workspace rows packed past them
+    ("split_beside_prefill", [40, 16, 1, 3], [40, 9000, 600, 200], 8, 2, 64, 16),
 ]
 
 
@@ -34,6 +42,17 @@ def test_cuda_matches_cpu_and_reference(name, n_q, n_kv, Hq, Hkv, D, ps, dtype, 
     assert_fa_rule(cuda, args, scale, causal, FLOOR[dtype])
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(cuda.float(), cpu.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128])
+def test_cuda_a_request_attends_alike_alone_and_in_a_batch(dtype, D):
+    # C2: a request's split count follows its own query and key counts, never R, T or the GPU's size, so its
+    # rows are bit for bit the same alone and in a batch (with 8 KV heads a split count chosen to fill the SMs
+    # differs between R = 1 and R = 5, so this fails for such a plan)
+    assert_alone_as_in_batch(
+        [3, 4, 1, 40, 16], [70, 1500, 2600, 60, 5000], Hq=16, Hkv=8, D=D, dtype=dtype, device="cuda"
+    )
 
 
 def test_cuda_empty_rows_are_zero():

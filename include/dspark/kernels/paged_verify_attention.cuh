@@ -8,8 +8,10 @@
 // row stride is D + 1 floats, so lanes hit distinct banks, and the query row is a broadcast read); then each
 // lane accumulates D / 32 output columns. Splits cut the request's keys into num_splits ranges so that short
 // query blocks still fill the GPU; the partial (o, m, l) of each split go to a workspace and a merge kernel
-// combines them with the online-softmax rule (include/dspark/online_softmax.h). num_splits = 1 writes the
-// output directly.
+// combines them in split order with the online-softmax rule (include/dspark/online_softmax.h). A request's
+// split count is read from its own query and key counts only (PvaRequestSplit), never from R, T or the GPU's
+// load, so its rows are bit for bit the same alone and in any batch (contract C2); a request with one split
+// writes the output directly.
 // Generic kernel (any head_dim <= 256): one warp per (query token, query head), keys one at a time. Correct,
 // not fast: it exists for head dims the tuned kernel is not instantiated for.
 #pragma once
@@ -27,6 +29,12 @@ constexpr int kPvaRowsPerWarp = 8;
 constexpr int kPvaRowsPerTile = kPvaWarps * kPvaRowsPerWarp;
 constexpr int kPvaKeyTile = 32;
 constexpr int kPvaGenericMaxD = 256;
+// a request with at most kPvaSplitMaxQueries query tokens (a verify block) is split over its keys into at
+// most kPvaMaxSplits ranges of at least kPvaSplitKeys keys each, on kPvaKeyTile boundaries; longer
+// (prefill-like) requests are not split
+constexpr int kPvaSplitMaxQueries = 16;
+constexpr int kPvaMaxSplits = 16;
+constexpr int kPvaSplitKeys = 256;
 
 struct PvaIndex {
   const int32_t* qo_indptr;         // [R + 1]
@@ -50,14 +58,54 @@ __device__ __forceinline__ int PvaLimit(const PvaIndex& ix, int n_q, int n_kv, i
   return lim < 0 ? 0 : (lim > n_kv ? n_kv : lim);
 }
 
-// grid (num_splits, Hkv, R); block kPvaWarps * 32; dynamic smem (kPvaRowsPerTile * D + kPvaKeyTile * (2D +
-// 1)) floats. q [T, Hq, D], caches [pages, page_size, Hkv, D] -> out [T, Hq, D] (num_splits == 1) or ws_o
-// [num_splits, T, Hq, D] f32 + ws_m, ws_l [num_splits, T, Hq] f32
+// How one request's keys are split: `count` ranges of `chunk` keys (the last one shorter). A function of the
+// request's own n_q and n_kv only (C2).
+struct PvaSplit {
+  int count, chunk;
+};
+
+__host__ __device__ __forceinline__ PvaSplit PvaRequestSplit(int n_q, int n_kv) {
+  const int tiles = (n_kv + kPvaKeyTile - 1) / kPvaKeyTile;
+  int want = n_q <= kPvaSplitMaxQueries ? n_kv / kPvaSplitKeys : 1;
+  want = want < 1 ? 1 : (want > kPvaMaxSplits ? kPvaMaxSplits : want);
+  if (tiles <= 1 || want == 1) return {1, tiles * kPvaKeyTile};
+  const int chunk_tiles = (tiles + want - 1) / want;
+  return {(tiles + chunk_tiles - 1) / chunk_tiles, chunk_tiles * kPvaKeyTile};  // no empty range
+}
+
+// grid 1 block of 32 threads: base[r] = the first workspace row of request r = the query tokens of the
+// requests before it that may be split (n_q <= kPvaSplitMaxQueries), an exclusive warp scan in fixed order.
+// base [R] i32; the workspace holds min(T, kPvaSplitMaxQueries * R) rows.
+__global__ void PvaPlanKernel(const int32_t* __restrict__ qo_indptr, int32_t* __restrict__ base, int R) {
+  const int lane = threadIdx.x;
+  int carry = 0;
+  for (int r0 = 0; r0 < R; r0 += 32) {
+    const int r = r0 + lane;
+    int n = 0;
+    if (r < R) {
+      n = qo_indptr[r + 1] - qo_indptr[r];
+      n = n <= kPvaSplitMaxQueries ? n : 0;
+    }
+    int incl = n;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int up = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+      if (lane >= d) incl += up;
+    }
+    if (r < R) base[r] = carry + incl - n;
+    carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
+  }
+}
+
+// grid (kPvaMaxSplits, Hkv, R) (CTAs past their request's split count return at once); block kPvaWarps * 32;
+// dynamic smem (kPvaRowsPerTile * D + kPvaKeyTile * (2D + 1)) floats. q [T, Hq, D], caches [pages, page_size,
+// Hkv, D] -> out [T, Hq, D] (a request with one split) or ws_o [kPvaMaxSplits, W, Hq, D] f32 + ws_m, ws_l
+// [kPvaMaxSplits, W, Hq] f32 at rows base[r] + token (W = min(T, kPvaSplitMaxQueries * R))
 template <typename DType, int D>
 __global__ void __launch_bounds__(kPvaWarps * 32)
     PvaSplitKernel(const DType* __restrict__ q, const DType* __restrict__ kc, const DType* __restrict__ vc,
                    DType* __restrict__ out, float* __restrict__ ws_o, float* __restrict__ ws_m,
-                   float* __restrict__ ws_l, PvaIndex ix, int T, int num_splits) {
+                   float* __restrict__ ws_l, const int32_t* __restrict__ base, PvaIndex ix, int W) {
   static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
   constexpr int kCols = D / 32;
   extern __shared__ float smem[];
@@ -69,9 +117,10 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
   const int G = ix.Hq / ix.Hkv;
   const int q_begin = ix.qo_indptr[r], n_q = ix.qo_indptr[r + 1] - q_begin;
   const int n_kv = PvaKvLen(ix, r);
+  const PvaSplit plan = PvaRequestSplit(n_q, n_kv);
+  if (split >= plan.count) return;  // CTA-uniform, before any barrier
+  const int num_splits = plan.count, chunk = plan.chunk;
   const int32_t* pages = ix.kv_indices + ix.kv_indptr[r];
-  int chunk = (n_kv + num_splits - 1) / num_splits;
-  chunk = ((chunk + kPvaKeyTile - 1) / kPvaKeyTile) * kPvaKeyTile;
   const int k_begin = split * chunk;
   const int k_end = min(n_kv, k_begin + chunk);
   const int total_rows = n_q * G;
@@ -156,7 +205,7 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
         for (int c = 0; c < kCols; ++c)
           out[(tq * ix.Hq + head) * D + lane + 32 * c] = static_cast<DType>(acc[rr][c] * inv);
       } else {
-        const int64_t wrow = (static_cast<int64_t>(split) * T + tq) * ix.Hq + head;
+        const int64_t wrow = (static_cast<int64_t>(split) * W + base[r] + tok) * ix.Hq + head;
 #pragma unroll
         for (int c = 0; c < kCols; ++c) ws_o[wrow * D + lane + 32 * c] = acc[rr][c] * inv;
         if (lane == 0) {
@@ -168,25 +217,34 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
   }
 }
 
-// grid T * Hq blocks of min(D, 128) threads: out[t, h] = sum_s w_s o_s / sum_s w_s, w_s = exp(m_s - m) l_s.
+// grid (R, Hq) blocks of min(D, 128) threads: for each query token t of a split request r and head h,
+// out[t, h] = sum_s w_s o_s / sum_s w_s with w_s = exp(m_s - m) l_s, summed in split order.
 template <typename DType>
 __global__ void PvaMergeKernel(const float* __restrict__ ws_o, const float* __restrict__ ws_m,
-                               const float* __restrict__ ws_l, DType* __restrict__ out, int64_t rows, int D,
-                               int num_splits) {
-  const int64_t row = blockIdx.x;
-  float mx = softmax_neg_inf();
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ws_m[s * rows + row]);
-  float total = 0.f;
-  for (int s = 0; s < num_splits; ++s)
-    total += softmax_merge_weight(ws_m[s * rows + row], mx) * ws_l[s * rows + row];
-  const float inv = softmax_inv_sum(total);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float o = 0.f;
-    for (int s = 0; s < num_splits; ++s) {
-      const float w = softmax_merge_weight(ws_m[s * rows + row], mx) * ws_l[s * rows + row];
-      if (w > 0.f) o = fmaf(w, ws_o[(s * rows + row) * D + d], o);
+                               const float* __restrict__ ws_l, const int32_t* __restrict__ base,
+                               DType* __restrict__ out, PvaIndex ix, int W, int D) {
+  const int r = blockIdx.x, head = blockIdx.y;
+  const int q_begin = ix.qo_indptr[r], n_q = ix.qo_indptr[r + 1] - q_begin;
+  const int num_splits = PvaRequestSplit(n_q, PvaKvLen(ix, r)).count;
+  if (num_splits == 1) return;                             // written by the split kernel
+  const int64_t stride = static_cast<int64_t>(W) * ix.Hq;  // one split's rows
+  for (int tok = 0; tok < n_q; ++tok) {
+    const int64_t row = static_cast<int64_t>(base[r] + tok) * ix.Hq + head;
+    float mx = softmax_neg_inf();
+    for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ws_m[s * stride + row]);
+    float total = 0.f;
+    for (int s = 0; s < num_splits; ++s)
+      total += softmax_merge_weight(ws_m[s * stride + row], mx) * ws_l[s * stride + row];
+    const float inv = softmax_inv_sum(total);
+    DType* dst = out + (static_cast<int64_t>(q_begin + tok) * ix.Hq + head) * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float o = 0.f;
+      for (int s = 0; s < num_splits; ++s) {
+        const float w = softmax_merge_weight(ws_m[s * stride + row], mx) * ws_l[s * stride + row];
+        if (w > 0.f) o = fmaf(w, ws_o[(s * stride + row) * D + d], o);
+      }
+      dst[d] = static_cast<DType>(o * inv);
     }
-    out[row * D + d] = static_cast<DType>(o * inv);
   }
 }
 
@@ -248,39 +306,46 @@ __global__ void PvaGenericKernel(const DType* __restrict__ q, const DType* __res
   }
 }
 
+// Rows of the split workspace: the query tokens of requests with at most kPvaSplitMaxQueries of them.
+inline int64_t PvaWorkspaceRows(int64_t T, int64_t R) {
+  return T < kPvaSplitMaxQueries * R ? T : kPvaSplitMaxQueries * R;
+}
+
 template <typename DType, int D>
 cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o,
-                           float* ws_m, float* ws_l, const PvaIndex& ix, int T, int R, int num_splits,
+                           float* ws_m, float* ws_l, int32_t* base, const PvaIndex& ix, int T, int R,
                            cudaStream_t stream) {
-  const size_t smem = sizeof(float) * (kPvaRowsPerTile * D + kPvaKeyTile * (2 * D + 1));
-  cudaError_t err = cudaFuncSetAttribute(PvaSplitKernel<DType, D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const int W = static_cast<int>(PvaWorkspaceRows(T, R));
+  PvaPlanKernel<<<1, 32, 0, stream>>>(ix.qo_indptr, base, R);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(num_splits), static_cast<unsigned>(ix.Hkv), static_cast<unsigned>(R));
+  const size_t smem = sizeof(float) * (kPvaRowsPerTile * D + kPvaKeyTile * (2 * D + 1));
+  err = cudaFuncSetAttribute(PvaSplitKernel<DType, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  const dim3 grid(kPvaMaxSplits, static_cast<unsigned>(ix.Hkv), static_cast<unsigned>(R));
   PvaSplitKernel<DType, D>
-      <<<grid, kPvaWarps * 32, smem, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T, num_splits);
+      <<<grid, kPvaWarps * 32, smem, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, W);
   err = cudaGetLastError();
-  if (err != cudaSuccess || num_splits == 1) return err;
-  const int64_t rows = static_cast<int64_t>(T) * ix.Hq;
+  if (err != cudaSuccess) return err;
+  const dim3 merge_grid(static_cast<unsigned>(R), static_cast<unsigned>(ix.Hq));
   const int merge_threads = D < 128 ? D : 128;
-  PvaMergeKernel<DType>
-      <<<static_cast<unsigned>(rows), merge_threads, 0, stream>>>(ws_o, ws_m, ws_l, out, rows, D, num_splits);
+  PvaMergeKernel<DType><<<merge_grid, merge_threads, 0, stream>>>(ws_o, ws_m, ws_l, base, out, ix, W, D);
   return cudaGetLastError();
 }
 
 // Whether the split-KV kernel is instantiated for this head_dim (otherwise the generic kernel runs).
 inline bool PvaHasSplitKernel(int64_t D) { return D == 64 || D == 128; }
 
-// ws_o [num_splits, T, Hq, D], ws_m / ws_l [num_splits, T, Hq] f32 when num_splits > 1 (else unused).
+// With the split kernel (PvaHasSplitKernel(D)): ws_o [kPvaMaxSplits, W, Hq, D], ws_m / ws_l [kPvaMaxSplits,
+// W, Hq] f32 and base [R] i32, W = PvaWorkspaceRows(T, R); unused otherwise.
 template <typename DType>
 cudaError_t PagedVerifyAttention(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o,
-                                 float* ws_m, float* ws_l, const PvaIndex& ix, int T, int R, int D,
-                                 int num_splits, cudaStream_t stream) {
+                                 float* ws_m, float* ws_l, int32_t* base, const PvaIndex& ix, int T, int R,
+                                 int D, cudaStream_t stream) {
   if (T <= 0 || R <= 0) return cudaSuccess;
-  if (D == 64)
-    return PvaLaunchSplit<DType, 64>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T, R, num_splits, stream);
-  if (D == 128)
-    return PvaLaunchSplit<DType, 128>(q, kc, vc, out, ws_o, ws_m, ws_l, ix, T, R, num_splits, stream);
+  if (D == 64) return PvaLaunchSplit<DType, 64>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, stream);
+  if (D == 128) return PvaLaunchSplit<DType, 128>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, stream);
   const int64_t warps = static_cast<int64_t>(T) * ix.Hq;
   PvaGenericKernel<DType>
       <<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(q, kc, vc, out, ix, T, R, D);
