@@ -27,6 +27,8 @@ EXTRA = [
     ("generic_d256", [3, 20], [40, 20], 2, 1, 256, 16),
     # split requests (16 and 2 splits) beside a prefill and an unsplit one: workspace rows packed past them
     ("split_beside_prefill", [40, 16, 1, 3], [40, 9000, 600, 200], 8, 2, 64, 16),
+    # a prefill of 19 row tiles of 64 rows: the 16 CTAs of its (KV head, request) take tiles i, i + 16
+    ("prefill_many_tiles", [300, 5], [300, 700], 8, 2, 64, 16),
 ]
 
 

@@ -11,7 +11,8 @@
 // combines them in split order with the online-softmax rule (include/dspark/online_softmax.h). A request's
 // split count is read from its own query and key counts only (PvaRequestSplit), never from R, T or the GPU's
 // load, so its rows are bit for bit the same alone and in any batch (contract C2); a request with one split
-// writes the output directly.
+// writes the output directly, its row tiles spread over the kPvaMaxSplits CTAs of its (KV head, request)
+// (prefill rows in the grid, not in one CTA's loop).
 // Generic kernel (any head_dim <= 256): one warp per (query token, query head), keys one at a time. Correct,
 // not fast: it exists for head dims the tuned kernel is not instantiated for.
 #pragma once
@@ -97,7 +98,7 @@ __global__ void PvaPlanKernel(const int32_t* __restrict__ qo_indptr, int32_t* __
   }
 }
 
-// grid (kPvaMaxSplits, Hkv, R) (CTAs past their request's split count return at once); block kPvaWarps * 32;
+// grid (kPvaMaxSplits, Hkv, R) (CTAs without a key range or a row tile return at once); block kPvaWarps * 32;
 // dynamic smem (kPvaRowsPerTile * D + kPvaKeyTile * (2D + 1)) floats. q [T, Hq, D], caches [pages, page_size,
 // Hkv, D] -> out [T, Hq, D] (a request with one split) or ws_o [kPvaMaxSplits, W, Hq, D] f32 + ws_m, ws_l
 // [kPvaMaxSplits, W, Hq] f32 at rows base[r] + token (W = min(T, kPvaSplitMaxQueries * R))
@@ -112,19 +113,25 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
   float* Qs = smem;                        // [kPvaRowsPerTile][D]
   float* Ks = Qs + kPvaRowsPerTile * D;    // [kPvaKeyTile][D + 1]
   float* Vs = Ks + kPvaKeyTile * (D + 1);  // [kPvaKeyTile][D]
-  const int split = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
+  const int part = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = ix.Hq / ix.Hkv;
   const int q_begin = ix.qo_indptr[r], n_q = ix.qo_indptr[r + 1] - q_begin;
   const int n_kv = PvaKvLen(ix, r);
   const PvaSplit plan = PvaRequestSplit(n_q, n_kv);
-  if (split >= plan.count) return;  // CTA-uniform, before any barrier
   const int num_splits = plan.count, chunk = plan.chunk;
+  // a split request's CTA `part` takes key range `part` for all its rows; an unsplit one's takes every key
+  // for row tiles part, part + kPvaMaxSplits, ... (prefill rows spread over the CTAs; a row's sums do not
+  // depend on which CTA or tile computes it)
+  if (num_splits > 1 && part >= num_splits) return;  // CTA-uniform, before any barrier
+  const int split = num_splits > 1 ? part : 0;
+  const int tile_first = num_splits > 1 ? 0 : part, tile_step = num_splits > 1 ? 1 : kPvaMaxSplits;
   const int32_t* pages = ix.kv_indices + ix.kv_indptr[r];
   const int k_begin = split * chunk;
   const int k_end = min(n_kv, k_begin + chunk);
   const int total_rows = n_q * G;
-  for (int row_base = 0; row_base < total_rows; row_base += kPvaRowsPerTile) {
+  for (int row_base = tile_first * kPvaRowsPerTile; row_base < total_rows;
+       row_base += tile_step * kPvaRowsPerTile) {
     const int tile_rows = min(kPvaRowsPerTile, total_rows - row_base);
     __syncthreads();  // the previous tile's readers of Qs are done
     for (int e = threadIdx.x; e < kPvaRowsPerTile * D; e += blockDim.x) {
