@@ -5,9 +5,11 @@ python benchmarks/bench_paged_verify_attention.py [--quick] [--device cuda] [--j
 
 Cases: a verify round (R requests, 1-8 query rows each, 100-1000 keys each), a decode step and a 2-row verify
 of 8 requests over 256 keys each (the batch-8 rounds of docs/benchmarks.md), one request over 2,000 / 4,000
-keys (batch 1 on a long prompt), and prefill (long query blocks).
+keys (batch 1 on a long prompt), and prefill (long query blocks); on CUDA also 8 requests × 6 rows × 3,800
+keys and 64 × 4 × 2,000 (the GPU goals' shapes).
 On CPU the op is also timed with its scalar loops (``DSPARK_CPU_SIMD=0``, read per call) against its vector
-loops (AVX-512, or AVX2 + FMA), in the same process.
+loops (AVX-512, or AVX2 + FMA), in the same process; on CUDA, for bf16 / fp16, its tensor-core kernel against
+its CUDA-core one (``DSPARK_CUDA_TENSOR_CORES=0``, read per call).
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def main() -> None:
         ("verify 1 x 4 x 4000", [4], [4000]),
         ("prefill", [512, 256], [512, 256]),
     ]
+    if args.device == "cuda":  # the GPU goals' shapes (docs/ops.md)
+        cases += [
+            ("verify 8 x 6 x 3800", [6] * 8, [3800] * 8),
+            ("verify 64 x 4 x 2000", [4] * 64, [2000] * 64),
+        ]
     heads = [(9, 3, 64)] if args.quick else [(9, 3, 64), (32, 8, 128)]
     dtypes = [torch.float32] if args.quick or args.device == "cpu" else [torch.float16, torch.bfloat16]
     if args.device == "cpu" and not args.quick:
@@ -99,6 +106,20 @@ def main() -> None:
                     extra = {
                         "scalar loops (us)": t_scalar.median_us,
                         "vector vs scalar": t_scalar.median_us / t_op.median_us,
+                    }
+                elif dtype != torch.float32:  # the tensor-core kernel against the CUDA-core one
+                    os.environ["DSPARK_CUDA_TENSOR_CORES"] = "0"
+                    try:
+                        t_cores = time_fn(
+                            lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True),
+                            args.device,
+                            budget,
+                        )
+                    finally:
+                        os.environ.pop("DSPARK_CUDA_TENSOR_CORES")
+                    extra = {
+                        "CUDA-core kernel (us)": t_cores.median_us,
+                        "tensor vs CUDA cores": t_cores.median_us / t_op.median_us,
                     }
                 kv_bytes = 2 * sum(n_kv) * Hkv * D * inputs[1].element_size()
                 case = {

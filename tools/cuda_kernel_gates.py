@@ -30,8 +30,8 @@ STACK_ALLOWED = {
     "RejectionSampleKernel": 48,
 }
 
-# kernels that claim tensor cores (none yet: the CUDA-core kernels are the only ones)
-TENSOR_CORE_KERNELS: tuple[str, ...] = ()
+# kernels that claim tensor cores
+TENSOR_CORE_KERNELS: tuple[str, ...] = ("PvaMmaKernel",)  # paged_verify_attention, bf16 / fp16
 
 TENSOR_CORE_OPCODES = re.compile(r"\b(HMMA|HGMMA|IMMA|QGMMA)\b")
 

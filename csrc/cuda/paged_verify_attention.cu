@@ -6,10 +6,52 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
 #include "checks/paged_verify_attention.h"
 #include "dspark/kernels/paged_verify_attention.cuh"
 
 namespace dspark {
+namespace {
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// The tensor-core kernel for bf16 / fp16 at head_dim 64 / 128 on compute capability 8.0+ with 16-byte
+// aligned q and caches; DSPARK_CUDA_TENSOR_CORES=0 keeps the CUDA-core kernel (for comparisons).
+bool use_tensor_cores(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, int64_t D) {
+  if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf) return false;
+  if (!kernels::PvaHasSplitKernel(D) || !aligned16(q) || !aligned16(kc) || !aligned16(vc)) return false;
+  const char* env = std::getenv("DSPARK_CUDA_TENSOR_CORES");
+  if (env != nullptr && std::string(env) == "0") return false;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()) != cudaSuccess)
+    return false;
+  return major >= 8;
+}
+
+// The kernels for scalar_t: tensor cores for bf16 / fp16 when `tensor_cores`, else CUDA cores. A function
+// template, so the tensor-core branch is only instantiated for the 16-bit types.
+template <typename scalar_t>
+cudaError_t launch(bool tensor_cores, const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
+                   scalar_t* out, float* ws_o, float* ws_m, float* ws_l, int32_t* base,
+                   const kernels::PvaIndex& ix, int T, int R, int D, cudaStream_t stream) {
+  using kernels::PvaMath;
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>) {
+    constexpr PvaMath kTc =
+        std::is_same_v<scalar_t, at::BFloat16> ? PvaMath::kTensorCoresBf16 : PvaMath::kTensorCoresFp16;
+    if (tensor_cores)
+      return kernels::PagedVerifyAttention<scalar_t, kTc>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, D,
+                                                          stream);
+  }
+  return kernels::PagedVerifyAttention<scalar_t, PvaMath::kCudaCores>(q, kc, vc, out, ws_o, ws_m, ws_l, base,
+                                                                      ix, T, R, D, stream);
+}
+
+}  // namespace
+
 // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
 // kv_indices [nnz] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (cuda). The index value checks read the
 // index tensors and would sync, so they are CPU-only; on CUDA invalid indices are undefined behaviour.
@@ -50,17 +92,17 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
                        static_cast<int>(k_cache.size(1)),
                        static_cast<float>(scale),
                        causal};
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool tensor_cores = use_tensor_cores(qc, kc, vc, D);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, q.scalar_type(), "dspark_paged_verify_attention_cuda", [&] {
         const bool split = ws_o.defined();
         float* wo = split ? ws_o.data_ptr<float>() : nullptr;
         float* wm = split ? ws_ml.data_ptr<float>() : nullptr;
-        float* wl = split ? wm + ws_ml.numel() / 2 : nullptr;
-        const cudaError_t status = kernels::PagedVerifyAttention<scalar_t>(
-            qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
-            out.data_ptr<scalar_t>(), wo, wm, wl, split ? base.data_ptr<int32_t>() : nullptr, ix,
-            static_cast<int>(T), static_cast<int>(R), static_cast<int>(D), stream);
+        const cudaError_t status = launch<scalar_t>(
+            use_tensor_cores(qc, kc, vc, D), qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),
+            vc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), wo, wm,
+            split ? wm + ws_ml.numel() / 2 : nullptr, split ? base.data_ptr<int32_t>() : nullptr, ix,
+            static_cast<int>(T), static_cast<int>(R), static_cast<int>(D), c10::cuda::getCurrentCUDAStream());
         TORCH_CHECK(status == cudaSuccess, "dspark::paged_verify_attention: CUDA kernel launch failed: ",
                     cudaGetErrorString(status));
       });

@@ -32,10 +32,28 @@ EXTRA = [
 ]
 
 
+# (dtype, kernel): bf16 / fp16 at head_dim 64 / 128 run on tensor cores unless DSPARK_CUDA_TENSOR_CORES=0
+KERNELS = [
+    (torch.float32, "cuda_cores"),
+    (torch.bfloat16, "tensor_cores"),
+    (torch.bfloat16, "cuda_cores"),
+    (torch.float16, "tensor_cores"),
+    (torch.float16, "cuda_cores"),
+]
+
+
+def choose_kernel(kernel, monkeypatch):
+    if kernel == "cuda_cores":
+        monkeypatch.setenv("DSPARK_CUDA_TENSOR_CORES", "0")
+    else:
+        monkeypatch.delenv("DSPARK_CUDA_TENSOR_CORES", raising=False)
+
+
 @pytest.mark.parametrize("name,n_q,n_kv,Hq,Hkv,D,ps", CASES + EXTRA, ids=[c[0] for c in CASES + EXTRA])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype,kernel", KERNELS, ids=[f"{str(d)[6:]}-{k}" for d, k in KERNELS])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_matches_cpu_and_reference(name, n_q, n_kv, Hq, Hkv, D, ps, dtype, causal):
+def test_cuda_matches_cpu_and_reference(name, n_q, n_kv, Hq, Hkv, D, ps, dtype, kernel, causal, monkeypatch):
+    choose_kernel(kernel, monkeypatch)
     args = make_paged(n_q, n_kv, Hq, Hkv, D, ps, dtype, seed=len(name))
     scale = D**-0.5
     cpu = dspark.ops.paged_verify_attention(*args, scale, causal)
@@ -46,9 +64,10 @@ def test_cuda_matches_cpu_and_reference(name, n_q, n_kv, Hq, Hkv, D, ps, dtype, 
     torch.testing.assert_close(cuda.float(), cpu.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,kernel", KERNELS[:3], ids=[f"{str(d)[6:]}-{k}" for d, k in KERNELS[:3]])
 @pytest.mark.parametrize("D", [64, 128])
-def test_cuda_a_request_attends_alike_alone_and_in_a_batch(dtype, D):
+def test_cuda_a_request_attends_alike_alone_and_in_a_batch(dtype, kernel, D, monkeypatch):
+    choose_kernel(kernel, monkeypatch)
     # C2: a request's split count follows its own query and key counts, never R, T or the GPU's size, so its
     # rows are bit for bit the same alone and in a batch (with 8 KV heads a split count chosen to fill the SMs
     # differs between R = 1 and R = 5, so this fails for such a plan)
@@ -57,13 +76,34 @@ def test_cuda_a_request_attends_alike_alone_and_in_a_batch(dtype, D):
     )
 
 
-def test_cuda_empty_rows_are_zero():
-    args = make_paged([0, 2, 4], [7, 0, 2], Hq=2, Hkv=1, D=64, page_size=4, seed=2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_16_bit_inputs_run_on_tensor_cores(dtype, monkeypatch):
+    # the tensor-core kernel is the one that runs for bf16 / fp16 (a launcher that silently fell back to the
+    # CUDA-core kernel would pass every accuracy test); DSPARK_CUDA_TENSOR_CORES=0 switches it off
+    args = tuple(t.cuda() for t in make_paged([4, 16], [300, 2000], 8, 2, 128, 16, dtype, seed=4))
+
+    def kernels_run():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            dspark.ops.paged_verify_attention(*args, 128**-0.5, True)
+            torch.cuda.synchronize()
+        return " ".join(e.name for e in prof.events())
+
+    monkeypatch.delenv("DSPARK_CUDA_TENSOR_CORES", raising=False)
+    names = kernels_run()
+    assert "PvaMmaKernel" in names and "PvaSplitKernel" not in names, names
+    monkeypatch.setenv("DSPARK_CUDA_TENSOR_CORES", "0")
+    names = kernels_run()
+    assert "PvaSplitKernel" in names and "PvaMmaKernel" not in names, names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_empty_rows_are_zero(dtype):
+    # request 1 has no keys; request 2 has 4 queries over 2 keys (causal: its first 2 rows see none)
+    args = make_paged([0, 2, 4], [7, 0, 2], Hq=2, Hkv=1, D=64, page_size=4, dtype=dtype, seed=2)
     out = dspark.ops.paged_verify_attention(*(t.cuda() for t in args), 0.125, True).cpu()
     assert torch.equal(out[:4], torch.zeros_like(out[:4]))
-    torch.testing.assert_close(
-        out, dspark.ops.paged_verify_attention(*args, 0.125, True), atol=1e-5, rtol=1e-5
-    )
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out, dspark.ops.paged_verify_attention(*args, 0.125, True), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "dspark/kernels/paged_verify_attention_mma.cuh"
+#include "dspark/kernels/paged_verify_attention_plan.cuh"
 #include "dspark/kernels/warp_reduce.cuh"
 #include "dspark/online_softmax.h"
 
@@ -28,76 +30,7 @@ namespace dspark::kernels {
 constexpr int kPvaWarps = 8;
 constexpr int kPvaRowsPerWarp = 8;
 constexpr int kPvaRowsPerTile = kPvaWarps * kPvaRowsPerWarp;
-constexpr int kPvaKeyTile = 32;
 constexpr int kPvaGenericMaxD = 256;
-// a request with at most kPvaSplitMaxQueries query tokens (a verify block) is split over its keys into at
-// most kPvaMaxSplits ranges of at least kPvaSplitKeys keys each, on kPvaKeyTile boundaries; longer
-// (prefill-like) requests are not split
-constexpr int kPvaSplitMaxQueries = 16;
-constexpr int kPvaMaxSplits = 16;
-constexpr int kPvaSplitKeys = 256;
-
-struct PvaIndex {
-  const int32_t* qo_indptr;         // [R + 1]
-  const int32_t* kv_indptr;         // [R + 1]
-  const int32_t* kv_indices;        // [nnz]
-  const int32_t* kv_last_page_len;  // [R]
-  int Hq, Hkv, page_size;
-  float scale;
-  bool causal;
-};
-
-__device__ __forceinline__ int PvaKvLen(const PvaIndex& ix, int r) {
-  const int n_pages = ix.kv_indptr[r + 1] - ix.kv_indptr[r];
-  return n_pages == 0 ? 0 : (n_pages - 1) * ix.page_size + ix.kv_last_page_len[r];
-}
-
-// Number of keys query token i (relative to its request) may see.
-__device__ __forceinline__ int PvaLimit(const PvaIndex& ix, int n_q, int n_kv, int i) {
-  if (!ix.causal) return n_kv;
-  const int lim = n_kv - n_q + i + 1;
-  return lim < 0 ? 0 : (lim > n_kv ? n_kv : lim);
-}
-
-// How one request's keys are split: `count` ranges of `chunk` keys (the last one shorter). A function of the
-// request's own n_q and n_kv only (C2).
-struct PvaSplit {
-  int count, chunk;
-};
-
-__host__ __device__ __forceinline__ PvaSplit PvaRequestSplit(int n_q, int n_kv) {
-  const int tiles = (n_kv + kPvaKeyTile - 1) / kPvaKeyTile;
-  int want = n_q <= kPvaSplitMaxQueries ? n_kv / kPvaSplitKeys : 1;
-  want = want < 1 ? 1 : (want > kPvaMaxSplits ? kPvaMaxSplits : want);
-  if (tiles <= 1 || want == 1) return {1, tiles * kPvaKeyTile};
-  const int chunk_tiles = (tiles + want - 1) / want;
-  return {(tiles + chunk_tiles - 1) / chunk_tiles, chunk_tiles * kPvaKeyTile};  // no empty range
-}
-
-// grid 1 block of 32 threads: base[r] = the first workspace row of request r = the query tokens of the
-// requests before it that may be split (n_q <= kPvaSplitMaxQueries), an exclusive warp scan in fixed order.
-// base [R] i32; the workspace holds min(T, kPvaSplitMaxQueries * R) rows.
-__global__ void PvaPlanKernel(const int32_t* __restrict__ qo_indptr, int32_t* __restrict__ base, int R) {
-  const int lane = threadIdx.x;
-  int carry = 0;
-  for (int r0 = 0; r0 < R; r0 += 32) {
-    const int r = r0 + lane;
-    int n = 0;
-    if (r < R) {
-      n = qo_indptr[r + 1] - qo_indptr[r];
-      n = n <= kPvaSplitMaxQueries ? n : 0;
-    }
-    int incl = n;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int up = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-      if (lane >= d) incl += up;
-    }
-    if (r < R) base[r] = carry + incl - n;
-    carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
-  }
-}
-
 // grid (kPvaMaxSplits, Hkv, R) (CTAs without a key range or a row tile return at once); block kPvaWarps * 32;
 // dynamic smem (kPvaRowsPerTile * D + kPvaKeyTile * (2D + 1)) floats. q [T, Hq, D], caches [pages, page_size,
 // Hkv, D] -> out [T, Hq, D] (a request with one split) or ws_o [kPvaMaxSplits, W, Hq, D] f32 + ws_m, ws_l
@@ -313,12 +246,10 @@ __global__ void PvaGenericKernel(const DType* __restrict__ q, const DType* __res
   }
 }
 
-// Rows of the split workspace: the query tokens of requests with at most kPvaSplitMaxQueries of them.
-inline int64_t PvaWorkspaceRows(int64_t T, int64_t R) {
-  return T < kPvaSplitMaxQueries * R ? T : kPvaSplitMaxQueries * R;
-}
+// Which tile kernel runs: CUDA cores (any dtype), or tensor cores (bf16 / fp16, compute capability >= 8.0).
+enum class PvaMath { kCudaCores, kTensorCoresBf16, kTensorCoresFp16 };
 
-template <typename DType, int D>
+template <typename DType, int D, PvaMath kMath>
 cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o,
                            float* ws_m, float* ws_l, int32_t* base, const PvaIndex& ix, int T, int R,
                            cudaStream_t stream) {
@@ -326,13 +257,18 @@ cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DTy
   PvaPlanKernel<<<1, 32, 0, stream>>>(ix.qo_indptr, base, R);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const size_t smem = sizeof(float) * (kPvaRowsPerTile * D + kPvaKeyTile * (2 * D + 1));
-  err = cudaFuncSetAttribute(PvaSplitKernel<DType, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
   const dim3 grid(kPvaMaxSplits, static_cast<unsigned>(ix.Hkv), static_cast<unsigned>(R));
-  PvaSplitKernel<DType, D>
-      <<<grid, kPvaWarps * 32, smem, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, W);
+  if constexpr (kMath == PvaMath::kCudaCores || sizeof(DType) != 2) {  // tensor cores: 16-bit inputs only
+    const size_t smem = sizeof(float) * (kPvaRowsPerTile * D + kPvaKeyTile * (2 * D + 1));
+    err = cudaFuncSetAttribute(PvaSplitKernel<DType, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    PvaSplitKernel<DType, D>
+        <<<grid, kPvaWarps * 32, smem, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, W);
+  } else {
+    PvaMmaKernel<DType, D, kMath == PvaMath::kTensorCoresBf16>
+        <<<grid, kPvaMmaWarps * 32, 0, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, W);
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const dim3 merge_grid(static_cast<unsigned>(R), static_cast<unsigned>(ix.Hq));
@@ -341,18 +277,21 @@ cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DTy
   return cudaGetLastError();
 }
 
-// Whether the split-KV kernel is instantiated for this head_dim (otherwise the generic kernel runs).
+// Whether the split-KV kernels are instantiated for this head_dim (otherwise the generic kernel runs).
 inline bool PvaHasSplitKernel(int64_t D) { return D == 64 || D == 128; }
 
-// With the split kernel (PvaHasSplitKernel(D)): ws_o [kPvaMaxSplits, W, Hq, D], ws_m / ws_l [kPvaMaxSplits,
-// W, Hq] f32 and base [R] i32, W = PvaWorkspaceRows(T, R); unused otherwise.
-template <typename DType>
+// With the split kernels (PvaHasSplitKernel(D)): ws_o [kPvaMaxSplits, W, Hq, D], ws_m / ws_l [kPvaMaxSplits,
+// W, Hq] f32 and base [R] i32, W = PvaWorkspaceRows(T, R); unused otherwise. A tensor-core kMath needs a
+// 16-bit DType of that kind, 16-byte aligned q / caches and compute capability >= 8.0 (the launcher checks).
+template <typename DType, PvaMath kMath = PvaMath::kCudaCores>
 cudaError_t PagedVerifyAttention(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o,
                                  float* ws_m, float* ws_l, int32_t* base, const PvaIndex& ix, int T, int R,
                                  int D, cudaStream_t stream) {
   if (T <= 0 || R <= 0) return cudaSuccess;
-  if (D == 64) return PvaLaunchSplit<DType, 64>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, stream);
-  if (D == 128) return PvaLaunchSplit<DType, 128>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, stream);
+  if (D == 64)
+    return PvaLaunchSplit<DType, 64, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, stream);
+  if (D == 128)
+    return PvaLaunchSplit<DType, 128, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, stream);
   const int64_t warps = static_cast<int64_t>(T) * ix.Hq;
   PvaGenericKernel<DType>
       <<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(q, kc, vc, out, ix, T, R, D);

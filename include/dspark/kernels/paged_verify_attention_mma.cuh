@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA paged_verify_attention on tensor cores: bf16 / fp16 inputs, head_dim 64 and 128, compute capability
+// 8.0 and later (mma.sync.m16n8k16, include/dspark/kernels/mma.cuh).
+//
+// The same grid, split plan and outputs as the CUDA-core PvaSplitKernel (paged_verify_attention.cuh), so
+// both share the plan kernel, the workspace and the merge: CTA (part, KV head, request) takes one key range
+// of a split request, or row tiles part, part + kPvaMaxSplits, ... of an unsplit one. A row tile is 64 rows
+// of the request's GQA group (n_q tokens x G heads); each of the 4 warps owns 16 rows and keeps their Q
+// fragments in registers. Per 64-key tile the CTA copies K and V from the pages into shared memory with
+// 16-byte loads (rows padded by 8 elements, so a warp's fragment reads of K hit 32 distinct banks and its
+// 16-bit gathers of V's columns share a word between at most 2 lanes); each warp computes S = Q K^T on tensor
+// cores (fp32 accumulators), masks, scales and folds S into its rows' online-softmax state (max and sum
+// reduced over the 4 lanes that share a row, in a fixed butterfly order), rounds P to the input type and
+// accumulates O += P V on tensor cores.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dspark/kernels/mma.cuh"
+#include "dspark/kernels/paged_verify_attention_plan.cuh"
+#include "dspark/online_softmax.h"
+
+namespace dspark::kernels {
+
+constexpr int kPvaMmaWarps = 4;
+constexpr int kPvaMmaRowsPerTile = kPvaMmaWarps * 16;
+constexpr int kPvaMmaKeys = 64;  // keys per K/V tile
+constexpr int kPvaMmaPad = 8;    // elements of padding per shared-memory row
+
+// Max and sum over the 4 lanes that hold one fragment row (lanes 4g .. 4g + 3).
+__device__ __forceinline__ float QuadMax(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+__device__ __forceinline__ float QuadSum(float v) {
+  v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+  return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+
+// grid (kPvaMaxSplits, Hkv, R); block kPvaMmaWarps * 32; static smem 2 x 64 x (D + 8) 16-bit elements. q [T,
+// Hq, D], caches [pages, page_size, Hkv, D] (16-byte aligned) -> out [T, Hq, D] (a request with one split) or
+// ws_o [kPvaMaxSplits, W, Hq, D] f32 + ws_m, ws_l [kPvaMaxSplits, W, Hq] f32 at rows base[r] + token, exactly
+// as PvaSplitKernel.
+template <typename DType, int D, bool kBf16>
+// (2 CTAs per SM: without a minimum ptxas capped head_dim 64 at 128 registers and spilled)
+__global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
+    PvaMmaKernel(const DType* __restrict__ q_, const DType* __restrict__ kc_, const DType* __restrict__ vc_,
+                 DType* __restrict__ out, float* __restrict__ ws_o, float* __restrict__ ws_m,
+                 float* __restrict__ ws_l, const int32_t* __restrict__ base, PvaIndex ix, int W) {
+  static_assert(sizeof(DType) == 2 && D % 16 == 0, "16-bit inputs, head_dim a multiple of 16");
+  constexpr int kKs = D / 16;     // k-steps of Q K^T
+  constexpr int kNd = D / 8;      // 8-column blocks of O
+  constexpr int kChunks = D / 8;  // 16-byte chunks per key row
+  constexpr int kStride = D + kPvaMmaPad;
+  __shared__ __align__(16) uint16_t Ks[kPvaMmaKeys * kStride];  // [key][d]
+  __shared__ __align__(16) uint16_t Vs[kPvaMmaKeys * kStride];  // [key][d]
+  const uint16_t* q = reinterpret_cast<const uint16_t*>(q_);
+  const uint16_t* kc = reinterpret_cast<const uint16_t*>(kc_);
+  const uint16_t* vc = reinterpret_cast<const uint16_t*>(vc_);
+
+  const int part = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int G = ix.Hq / ix.Hkv;
+  const int q_begin = ix.qo_indptr[r], n_q = ix.qo_indptr[r + 1] - q_begin;
+  const int n_kv = PvaKvLen(ix, r);
+  const PvaSplit plan = PvaRequestSplit(n_q, n_kv);
+  const int num_splits = plan.count;
+  if (num_splits > 1 && part >= num_splits) return;  // CTA-uniform, before any barrier
+  const int split = num_splits > 1 ? part : 0;
+  const int tile_first = num_splits > 1 ? 0 : part, tile_step = num_splits > 1 ? 1 : kPvaMaxSplits;
+  const int32_t* pages = ix.kv_indices + ix.kv_indptr[r];
+  const int k_begin = split * plan.chunk;
+  const int k_end = min(n_kv, k_begin + plan.chunk);
+  const int total_rows = n_q * G;
+
+  for (int row_base = tile_first * kPvaMmaRowsPerTile; row_base < total_rows;
+       row_base += tile_step * kPvaMmaRowsPerTile) {
+    const int tile_rows = min(kPvaMmaRowsPerTile, total_rows - row_base);
+    // this lane's two fragment rows: warp rows g and g + 8
+    int row_of[2], lim[2];
+    int64_t qrow[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int lr = warp * 16 + g + 8 * h;
+      row_of[h] = lr;
+      const bool ok = lr < tile_rows;
+      const int row = row_base + lr, tok = row / G;
+      qrow[h] = ok ? (static_cast<int64_t>(q_begin + tok) * ix.Hq + kvh * G + row % G) * D : -1;
+      lim[h] = ok ? PvaLimit(ix, n_q, n_kv, tok) : 0;
+    }
+    uint32_t qa[kKs][4];
+#pragma unroll
+    for (int ks = 0; ks < kKs; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i & 1, col = ks * 16 + 2 * t + 8 * (i >> 1);
+        qa[ks][i] = qrow[h] < 0 ? 0u : *reinterpret_cast<const uint32_t*>(q + qrow[h] + col);
+      }
+    }
+    float m[2] = {softmax_neg_inf(), softmax_neg_inf()}, l[2] = {0.f, 0.f};
+    float o[kNd][4];
+#pragma unroll
+    for (int nd = 0; nd < kNd; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+    // keys this warp's rows see at most (an integer max: order-free)
+    int warp_lim = max(lim[0], lim[1]);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) warp_lim = max(warp_lim, __shfl_xor_sync(0xFFFFFFFFu, warp_lim, d));
+    const int loop_end = min(k_end, PvaLimit(ix, n_q, n_kv, (row_base + tile_rows - 1) / G));
+
+    for (int kt = k_begin; kt < loop_end; kt += kPvaMmaKeys) {
+      __syncthreads();  // the previous K/V tile has been read
+      for (int e = threadIdx.x; e < kPvaMmaKeys * kChunks; e += blockDim.x) {
+        const int j = e / kChunks, c = e % kChunks, key = kt + j;
+        uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = make_uint4(0u, 0u, 0u, 0u);
+        if (key < loop_end) {  // zeros past the range: a masked key's V must not be NaN (0 x NaN in P V)
+          const int64_t slot =
+              static_cast<int64_t>(pages[key / ix.page_size]) * ix.page_size + key % ix.page_size;
+          const int64_t off = (slot * ix.Hkv + kvh) * D + c * 8;
+          kv = *reinterpret_cast<const uint4*>(kc + off);
+          vv = *reinterpret_cast<const uint4*>(vc + off);
+        }
+        *reinterpret_cast<uint4*>(Ks + j * kStride + c * 8) = kv;
+        *reinterpret_cast<uint4*>(Vs + j * kStride + c * 8) = vv;
+      }
+      __syncthreads();
+      if (kt >= warp_lim) continue;  // warp-uniform: every row of this warp has seen all its keys
+
+      // S = Q K^T: 8 blocks of 8 keys, fp32
+      float s[kPvaMmaKeys / 8][4];
+#pragma unroll
+      for (int nb = 0; nb < kPvaMmaKeys / 8; ++nb) {
+        s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+        const uint16_t* krow = Ks + (nb * 8 + g) * kStride + 2 * t;
+#pragma unroll
+        for (int ks = 0; ks < kKs; ++ks) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
+          Mma16816<kBf16>(s[nb], qa[ks], b0, b1);
+        }
+      }
+      // mask and scale, then the online-softmax update of rows g (h = 0) and g + 8 (h = 1)
+      float mx[2] = {softmax_neg_inf(), softmax_neg_inf()};
+#pragma unroll
+      for (int nb = 0; nb < kPvaMmaKeys / 8; ++nb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int h = i >> 1, key = kt + nb * 8 + 2 * t + (i & 1);
+          s[nb][i] = key < k_end && key < lim[h] ? s[nb][i] * ix.scale : softmax_neg_inf();
+          mx[h] = fmaxf(mx[h], s[nb][i]);
+        }
+      }
+      float alpha[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], QuadMax(mx[h]));
+        alpha[h] = softmax_rescale(m[h], m_new);
+        m[h] = m_new;
+      }
+#pragma unroll
+      for (int nb = 0; nb < kPvaMmaKeys / 8; ++nb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[nb][i] = softmax_weight(s[nb][i], m[i >> 1]);
+          sum[i >> 1] += s[nb][i];
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + QuadSum(sum[h]);
+#pragma unroll
+      for (int nd = 0; nd < kNd; ++nd) {
+        o[nd][0] *= alpha[0];
+        o[nd][1] *= alpha[0];
+        o[nd][2] *= alpha[1];
+        o[nd][3] *= alpha[1];
+      }
+      // O += P V: P's C fragments of key blocks 2kk and 2kk + 1 are the A fragment of k-step kk
+#pragma unroll
+      for (int kk = 0; kk < kPvaMmaKeys / 16; ++kk) {
+        const uint32_t pa[4] = {PackPair<kBf16>(s[2 * kk][0], s[2 * kk][1]),
+                                PackPair<kBf16>(s[2 * kk][2], s[2 * kk][3]),
+                                PackPair<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                PackPair<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < kNd; ++nd) {
+          // B[k][n] = V[16 kk + k][8 nd + n]: two keys per register, gathered from V's rows
+          const uint16_t* v = Vs + (kk * 16 + 2 * t) * kStride + nd * 8 + g;
+          const uint32_t b0 = v[0] | (static_cast<uint32_t>(v[kStride]) << 16);
+          const uint32_t b1 = v[8 * kStride] | (static_cast<uint32_t>(v[9 * kStride]) << 16);
+          Mma16816<kBf16>(o[nd], pa, b0, b1);
+        }
+      }
+    }
+    // rows g and g + 8: normalised output, or the split's partial state
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row_of[h] >= tile_rows) continue;
+      const int row = row_base + row_of[h], tok = row / G, head = kvh * G + row % G;
+      const float inv = softmax_inv_sum(l[h]);
+      if (num_splits == 1) {
+        DType* dst = out + qrow[h] + 2 * t;
+#pragma unroll
+        for (int nd = 0; nd < kNd; ++nd) {
+          dst[nd * 8] = static_cast<DType>(o[nd][2 * h] * inv);
+          dst[nd * 8 + 1] = static_cast<DType>(o[nd][2 * h + 1] * inv);
+        }
+      } else {
+        const int64_t wrow = (static_cast<int64_t>(split) * W + base[r] + tok) * ix.Hq + head;
+#pragma unroll
+        for (int nd = 0; nd < kNd; ++nd) {
+          ws_o[wrow * D + nd * 8 + 2 * t] = o[nd][2 * h] * inv;
+          ws_o[wrow * D + nd * 8 + 2 * t + 1] = o[nd][2 * h + 1] * inv;
+        }
+        if (t == 0) {
+          ws_m[wrow] = m[h];
+          ws_l[wrow] = l[h];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace dspark::kernels
