@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """rejection_sample against an eager PyTorch verifier (softmax of every row, accept/residual/bonus in torch).
 
-Two kinds of drafts: ``sampled`` (q = softmax of draft_logits) and ``one-hot`` (deterministic proposals such as
-looked-up tokens: draft_logits None, accept with p(x), residual p without x). The bit-exact reference
+Three kinds of rows: ``sampled`` (q = softmax of draft_logits), ``one-hot`` (deterministic proposals such as
+looked-up tokens: draft_logits None, accept with p(x), residual p without x) and ``greedy`` (temperature 0:
+argmax against the draft; on CUDA also timed with the one-block kernel, ``DSPARK_CUDA_GREEDY_SPLIT=0``). The bit-exact reference
 (dspark.reference.rejection_sample_ref) is checked first on a small case of each kind (and a mixed batch).
 
 python benchmarks/bench_rejection_sample.py [--quick] [--device cuda] [--json out.json]
@@ -10,6 +11,7 @@ python benchmarks/bench_rejection_sample.py [--quick] [--device cuda] [--json ou
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -79,6 +81,17 @@ def check_against_reference() -> None:
         assert torch.equal(o[0], r[0]) and torch.equal(o[1], r[1]), label
 
 
+def eager_greedy(tl, qo, drafts, vl):
+    """Plain torch for greedy rows: every row's argmax, accepted while it equals the draft."""
+    R, G = drafts.shape
+    arg = tl.argmax(-1)
+    steps = torch.arange(G + 1, device=tl.device)
+    rows = torch.minimum(qo[:-1, None].long() + steps, qo[1:, None].long() - 1)
+    out = arg[rows]
+    match = (out[:, :G] == drafts) & (steps[None, :G] < vl[:, None].long() - 1)
+    return match.long().cumprod(1).sum(1), out
+
+
 def main() -> None:
     args = parse_args(__doc__)
     dev = args.device
@@ -94,15 +107,31 @@ def main() -> None:
         a = verify_inputs(R, V, GAMMA, torch.float32, dev, seed=R)
         tl, qo, _, drafts, vl, temp = a
         one_hot = [tl, qo, None, drafts, vl, temp]  # the same drafts as deterministic proposals
+        greedy = [tl, qo, None, drafts, vl, torch.zeros_like(temp)]
         for kind, op_args, ref_fn in (
             ("sampled", a, lambda a=a: eager(*a, 0)),
             ("one-hot", one_hot, lambda t=(tl, qo, drafts, vl, temp): eager_one_hot(*t, 0)),
+            ("greedy", greedy, lambda t=(tl, qo, drafts, vl): eager_greedy(*t)),
         ):
             acc, _ = dspark.ops.rejection_sample(*op_args, 1, 2)
             t_op = time_fn(lambda o=op_args: dspark.ops.rejection_sample(*o, 1, 2), dev, budget)
             t_ref = time_fn(ref_fn, dev, budget)
             verified = int((acc.cpu() + 1).sum())  # rows whose softmax was computed (at most)
             extra = {"mean_accepted": float(acc.float().mean()), "rows_read": verified}
+            if kind == "greedy":  # the eager argmax chain gives the same accepted counts
+                assert torch.equal(acc.long().cpu(), ref_fn()[0].cpu()), "greedy: accepted counts differ"
+                if dev == "cuda":  # the vocabulary-split greedy kernels against the one-block kernel
+                    os.environ["DSPARK_CUDA_GREEDY_SPLIT"] = "0"
+                    try:
+                        t_block = time_fn(
+                            lambda o=op_args: dspark.ops.rejection_sample(*o, 1, 2), dev, budget
+                        )
+                    finally:
+                        os.environ.pop("DSPARK_CUDA_GREEDY_SPLIT")
+                    extra |= {
+                        "one-block kernel (us)": t_block.median_us,
+                        "split vs one block": t_block.median_us / t_op.median_us,
+                    }
             rows.append(Row({"drafts": kind, "R": R, "V": V, "gamma": GAMMA}, dev, t_op, t_ref, extra))
     report("rejection_sample vs eager verifier", rows, args, ["drafts", "R", "V", "gamma"])
 

@@ -1,16 +1,40 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA rejection_sample (kernel: include/dspark/kernels/rejection_sample.cuh). Value checks that read data
-// (verify_len range, qo_indptr consistency, temperatures, token ranges, NaN logits) are CPU-only: on CUDA
-// they would sync with the host; the kernel trusts them.
+// CUDA rejection_sample (kernels: include/dspark/kernels/rejection_sample.cuh, rejection_sample_greedy.cuh).
+// Value checks that read data (verify_len range, qo_indptr consistency, temperatures, token ranges, NaN
+// logits) are CPU-only: on CUDA they would sync with the host; the kernel trusts them.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "checks/rejection_sample.h"
-#include "dspark/kernels/rejection_sample.cuh"
+#include "dspark/kernels/rejection_sample_greedy.cuh"
 
 namespace dspark {
+namespace {
+
+// Greedy requests take the vocabulary-split kernels unless DSPARK_CUDA_GREEDY_SPLIT=0 (read per call, for
+// comparisons) or the grid would not fit (R or g + 1 over 65,535, V of 2^32 ids or more).
+bool split_greedy(int64_t R, int64_t G, int64_t V) {
+  const char* env = std::getenv("DSPARK_CUDA_GREEDY_SPLIT");
+  if (env != nullptr && std::string(env) == "0") return false;
+  return R <= 65535 && G + 1 <= 65535 && V < (int64_t{1} << 32);
+}
+
+template <typename TL>
+cudaError_t launch(const TL* target, kernels::RejectionParams& p, int64_t R, const at::Tensor& best,
+                   cudaStream_t stream) {
+  p.greedy_elsewhere = best.defined();
+  cudaError_t status = kernels::RejectionSample<TL>(target, p, R, stream);
+  if (status != cudaSuccess || !best.defined()) return status;
+  return kernels::RejectionSampleGreedy<TL>(target, p, R,
+                                            reinterpret_cast<uint64_t*>(best.data_ptr<int64_t>()), stream);
+}
+
+}  // namespace
 
 // target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32 or None (deterministic proposals),
 // draft_tokens [R, g] i64, verify_len [R] i32, temperature [R] f32, optional processors and draft_one_hot [R]
@@ -65,17 +89,19 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   p.seed = static_cast<uint64_t>(seed);
   p.offset = static_cast<uint64_t>(offset);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor best;  // [R, g + 1, chunks] packed (value, id) maxima of the greedy rows
+  if (split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::GreedyChunks(V)}, dt.options());
   cudaError_t status;
   switch (tl.scalar_type()) {
     case at::kFloat:
-      status = kernels::RejectionSample<float>(tl.data_ptr<float>(), p, R, stream);
+      status = launch<float>(tl.data_ptr<float>(), p, R, best, stream);
       break;
     case at::kBFloat16:
-      status = kernels::RejectionSample<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()),
-                                                       p, R, stream);
+      status =
+          launch<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, best, stream);
       break;
     default:
-      status = kernels::RejectionSample<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, stream);
+      status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, best, stream);
   }
   TORCH_CHECK(status == cudaSuccess,
               "dspark::rejection_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));

@@ -112,3 +112,62 @@ def test_one_hot_opcheck_cuda():
     oh = ONE_HOT_MASKS["mixed"].cuda()
     torch.library.opcheck(op, (tl, qo, z, drafts, vl, temp, 1, 2) + (None,) * 6 + (oh,))
     torch.library.opcheck(op, (tl, qo, None, drafts, vl, temp, 1, 2) + (None,) * 6)
+
+
+def _greedy_case(R, G, V, seed, dtype, penalty):
+    """All-greedy rounds whose drafts follow the target's argmax often (long accepted runs) and, with
+    ``penalty``, histories whose ids fall in every 4,096-id chunk of the vocabulary."""
+    g = torch.Generator().manual_seed(seed)
+    vl = torch.full((R,), G + 1, dtype=torch.int32)
+    vl[::3] = torch.randint(1, G + 1, (len(vl[::3]),), generator=g).to(torch.int32)
+    qo = torch.zeros(R + 1, dtype=torch.int32)
+    qo[1:] = torch.cumsum(vl, 0)
+    tl = torch.randn(int(qo[-1]), V, generator=g).to(dtype)
+    drafts = torch.randint(0, V, (R, G), generator=g)
+    for r in range(R):
+        for i in range(int(vl[r]) - 1):
+            if torch.rand((), generator=g) < 0.8:
+                drafts[r, i] = int(tl[int(qo[r]) + i].float().argmax())
+    procs = {}
+    if penalty:
+        counts = torch.randint(0, 300, (R,), generator=g)
+        procs = {
+            "repetition_penalty": torch.linspace(0.7, 1.8, R),
+            "penalty_tokens": torch.randint(0, V, (int(counts.sum()),), generator=g),
+            "penalty_indptr": torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]),
+        }
+    return (tl, qo, None, drafts, vl, torch.zeros(R)), procs
+
+
+@pytest.mark.parametrize("split", ["on", "off"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("penalty", [False, True])
+def test_greedy_rounds_split_over_the_vocabulary_equal_cpu(split, dtype, penalty, monkeypatch):
+    # greedy requests run on (request, row, 4,096-id chunk) CTAs; the tokens and accepted counts are the CPU
+    # op's exactly (an argmax, ties to the lowest id); DSPARK_CUDA_GREEDY_SPLIT=0 keeps the one-block kernel
+    if split == "off":
+        monkeypatch.setenv("DSPARK_CUDA_GREEDY_SPLIT", "0")
+    else:
+        monkeypatch.delenv("DSPARK_CUDA_GREEDY_SPLIT", raising=False)
+    args, procs = _greedy_case(12, 7, 151936, 5, dtype, penalty)
+    cpu = dspark.ops.rejection_sample(*args, 3, 4, **procs)
+    gpu = dspark.ops.rejection_sample(
+        *(a.cuda() if a is not None else None for a in args), 3, 4, **_cuda(procs)
+    )
+    assert int(cpu[0].sum()) > 12  # runs of accepted drafts, not only first-row rejections
+    assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
+
+
+def test_greedy_ties_go_to_the_lowest_id_across_chunks():
+    # one row, a maximum shared by ids in three chunks, and a row whose maximum is a zero held as -0.0 at a
+    # lower id and +0.0 at a higher one: the lowest id wins both, as on the CPU
+    V = 3 * 4096 + 17
+    tl = torch.full((2, V), -1.0)
+    tl[0, [9000, 5000, 12300]] = 2.5
+    tl[1, 3], tl[1, 7000] = -0.0, 0.0
+    args = (tl, torch.tensor([0, 1, 2], dtype=torch.int32), None, torch.zeros(2, 1, dtype=torch.int64))
+    rest = (torch.ones(2, dtype=torch.int32), torch.zeros(2))
+    cpu = dspark.ops.rejection_sample(*args, *rest, 0, 0)
+    gpu = dspark.ops.rejection_sample(*(a.cuda() if a is not None else None for a in args + rest), 0, 0)
+    assert cpu[1][:, 0].tolist() == [5000, 3]
+    assert torch.equal(cpu[1], gpu[1].cpu()) and torch.equal(cpu[0], gpu[0].cpu())

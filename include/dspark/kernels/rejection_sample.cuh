@@ -34,6 +34,8 @@ struct RejectionParams {
   int64_t* out_tokens;            // [R, G + 1], pre-filled with -1
   int64_t G, V;
   uint64_t seed, offset;
+  bool greedy_elsewhere =
+      false;  // greedy requests are left to the split kernels (rejection_sample_greedy.cuh)
 };
 
 // Gumbel-max draw over the block from weights wt(j) >= 0 (only wt > 0 can win); -1 when every weight is 0.
@@ -57,6 +59,7 @@ __global__ void __launch_bounds__(kSumLanes)
   const int tid = threadIdx.x;
   const float T = a.temperature[r];
   const bool greedy = T == 0.0f;
+  if (greedy && a.greedy_elsewhere) return;  // block-uniform, before any barrier
   const bool one_hot = a.draft_logits == nullptr || (a.draft_one_hot != nullptr && a.draft_one_hot[r]);
   const int64_t top_k = a.top_k ? a.top_k[r] : 0;
   const float top_p = a.top_p ? a.top_p[r] : 1.0f;
