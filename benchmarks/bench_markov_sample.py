@@ -5,11 +5,15 @@ The bit-exact reference (dspark.reference.markov_sample_ref) is checked first on
 baseline is the natural eager loop with the same noise, since the bit-exact reference emulates the fixed
 summation order and is far slower than any real eager code.
 
+On CUDA (bf16 tables) the op runs on tensor cores and is also timed with ``DSPARK_CUDA_TENSOR_CORES=0`` (the
+CUDA-core kernel).
+
 python benchmarks/bench_markov_sample.py [--quick] [--device cuda] [--json out.json]
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -69,12 +73,24 @@ def main() -> None:
         U, anchor, w1, w2, temp = inputs(R, V, r, dtype, dev, seed=R)
         x, z, _ = dspark.ops.markov_sample(U, anchor, w1, w2, temp, 1, 2)
         xe, ze = eager(U, anchor, w1, w2, temp, 1, 2)
-        assert torch.equal(x[:, 0], xe[:, 0])  # later steps may differ: eager's matmul sums in another order
+        # eager's matmul (and the CUDA tensor-core kernel) sum in other orders: first-step tokens may differ
+        # at a near-tie only; later steps follow the prefix
+        assert int((x[:, 0] != xe[:, 0]).sum()) <= max(1, R // 16), "first-step tokens differ from eager"
         a = (U, anchor, w1, w2, temp)
         t_op = time_fn(lambda a=a: dspark.ops.markov_sample(*a, 1, 2), dev, budget)
         t_ref = time_fn(lambda a=a: eager(*a, 1, 2), dev, budget)
         nbytes = GAMMA * (V * r * w2.element_size() + R * V * (U.element_size() + 4))
         extra = {"bytes": nbytes, "GB/s": nbytes / (t_op.median_us * 1e3)}
+        if dev == "cuda":  # the tensor-core kernel against the CUDA-core one (bit-equal to the CPU op)
+            os.environ["DSPARK_CUDA_TENSOR_CORES"] = "0"
+            try:
+                t_cores = time_fn(lambda a=a: dspark.ops.markov_sample(*a, 1, 2), dev, budget)
+            finally:
+                os.environ.pop("DSPARK_CUDA_TENSOR_CORES")
+            extra |= {
+                "CUDA-core kernel (us)": t_cores.median_us,
+                "tensor vs CUDA cores": t_cores.median_us / t_op.median_us,
+            }
         rows.append(Row({"R": R, "V": V, "r": r, "dtype": str(dtype)[6:]}, dev, t_op, t_ref, extra))
     report("markov_sample vs eager step loop", rows, args, ["R", "V", "r", "dtype"])
 

@@ -31,7 +31,10 @@ STACK_ALLOWED = {
 }
 
 # kernels that claim tensor cores
-TENSOR_CORE_KERNELS: tuple[str, ...] = ("PvaMmaKernel",)  # paged_verify_attention, bf16 / fp16
+TENSOR_CORE_KERNELS: tuple[str, ...] = (
+    "PvaMmaKernel",  # paged_verify_attention, bf16 / fp16
+    "MarkovMmaStepKernel",  # markov_sample, bf16 / fp16 tables
+)
 
 TENSOR_CORE_OPCODES = re.compile(r"\b(HMMA|HGMMA|IMMA|QGMMA)\b")
 

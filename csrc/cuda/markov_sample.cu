@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA markov_sample (kernels: include/dspark/kernels/markov_sample.cuh).
+// CUDA markov_sample (kernels: include/dspark/kernels/markov_sample.cuh, markov_sample_mma.cuh).
 // Value checks that read data (anchor range, temperature >= 0, NaN logits) are CPU-only: on CUDA they would
 // sync with the host.
 #include <ATen/ATen.h>
@@ -7,11 +7,48 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
 #include "checks/markov_sample.h"
-#include "dspark/kernels/markov_sample.cuh"
+#include "dspark/kernels/markov_sample_mma.cuh"
 
 namespace dspark {
 namespace {
+
+// The tensor-core kernel for bf16 / fp16 tables with rank % 16 == 0 and a 4-byte aligned W2 on compute
+// capability 8.0+; DSPARK_CUDA_TENSOR_CORES=0 keeps the CUDA-core kernel (bit-equal to the CPU op).
+bool use_tensor_cores(const at::Tensor& w1, const at::Tensor& w2) {
+  if (w1.scalar_type() != at::kBFloat16 && w1.scalar_type() != at::kHalf) return false;
+  if (w1.size(1) % 16 != 0 || reinterpret_cast<uintptr_t>(w2.data_ptr()) % 4 != 0) return false;
+  const char* env = std::getenv("DSPARK_CUDA_TENSOR_CORES");
+  if (env != nullptr && std::string(env) == "0") return false;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w1.get_device()) != cudaSuccess)
+    return false;
+  return major >= 8;
+}
+
+template <typename TU>
+void launch_mma(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
+                const at::Tensor& temperature, const at::Tensor& ids, at::Tensor& tokens, at::Tensor& z,
+                at::Tensor& prev_emb, at::Tensor& part_key, at::Tensor& part_idx, int64_t seed,
+                int64_t offset) {
+  const int64_t R = z.size(0), G = z.size(1), V = z.size(2), rank = w1.size(1);
+  const auto* w1p = reinterpret_cast<const uint16_t*>(w1.data_ptr());
+  const auto* w2p = reinterpret_cast<const uint16_t*>(w2.data_ptr());
+  auto* kernel = w1.scalar_type() == at::kBFloat16 ? kernels::MarkovSampleMma<TU, true>
+                                                   : kernels::MarkovSampleMma<TU, false>;
+  const cudaError_t status =
+      kernel(reinterpret_cast<const TU*>(u.data_ptr()), anchor.data_ptr<int64_t>(), w1p, w2p,
+             temperature.data_ptr<float>(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
+             tokens.data_ptr<int64_t>(), z.data_ptr<float>(), prev_emb.data_ptr<float>(),
+             part_key.data_ptr<float>(), part_idx.data_ptr<int64_t>(), R, G, V, rank,
+             static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(status == cudaSuccess,
+              "dspark::markov_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
+}
 
 template <typename TU, typename TW>
 void launch(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
@@ -50,12 +87,23 @@ void run(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, co
          const at::Tensor& temperature, const c10::optional<at::Tensor>& request_ids, at::Tensor& tokens,
          at::Tensor& z, at::Tensor& prev_emb, int64_t seed, int64_t offset) {
   const int64_t R = z.size(0), V = z.size(2);
-  const int64_t n_tiles = (V + kSumLanes - 1) / kSumLanes;
-  auto pk = at::empty({R, n_tiles}, z.options());
-  auto pi = at::empty({R, n_tiles}, z.options().dtype(at::kLong));
   const auto a = anchor.contiguous(), t = temperature.contiguous();
   const auto w1c = w1.contiguous(), w2c = w2.contiguous();
   const auto ids = request_ids.has_value() ? request_ids->contiguous() : at::Tensor();
+  const bool tc = use_tensor_cores(w1c, w2c) && kernels::MarkovMmaTiles(V) <= 65535;  // grid.y
+  const int64_t n_tiles = tc ? kernels::MarkovMmaTiles(V) : (V + kSumLanes - 1) / kSumLanes;
+  auto pk = at::empty({R, n_tiles}, z.options());
+  auto pi = at::empty({R, n_tiles}, z.options().dtype(at::kLong));
+  if (tc) {
+    switch (u.scalar_type()) {
+      case at::kFloat:
+        return launch_mma<float>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+      case at::kBFloat16:
+        return launch_mma<__nv_bfloat16>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+      default:
+        return launch_mma<__half>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+    }
+  }
   switch (u.scalar_type()) {
     case at::kFloat:
       return dispatch_w<float>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);

@@ -68,7 +68,14 @@ DSPARK_HD Philox4 philox_block(uint64_t seed, uint64_t offset, uint32_t request,
 DSPARK_HD uint32_t philox_word(uint64_t seed, uint64_t offset, uint32_t request, uint32_t position,
                                uint32_t purpose, uint64_t index) {
   const Philox4 b = philox_block(seed, offset, request, position, purpose, static_cast<uint32_t>(index >> 2));
+#if defined(__CUDA_ARCH__)
+  // selects, not a runtime array index, which put b in a stack frame (local memory) of the tensor-core
+  // markov_sample kernel
+  const uint32_t i = static_cast<uint32_t>(index & 3);
+  return i == 0 ? b.v[0] : (i == 1 ? b.v[1] : (i == 2 ? b.v[2] : b.v[3]));
+#else
   return b.v[index & 3];
+#endif
 }
 
 // Uniform in the open interval (0, 1): odd multiples of 2^-24, exact in fp32 (no rounding anywhere).

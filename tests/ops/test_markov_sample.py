@@ -204,3 +204,23 @@ def test_exp_exact_accuracy():
     x = -torch.rand(200_000) * 87
     rel = (sm.exp_exact(x).double() - x.double().exp()).abs() / x.double().exp()
     assert float(rel.max()) < 2.5 * 2**-24
+
+
+def test_the_c4_check_passes_equal_outputs_and_catches_wrong_ones():
+    # the rule the CUDA tensor-core kernel is held to (tests/ops/markov_c4.py), checked able to fail: a z off
+    # by 20x its tolerance, and a token swapped where the CPU's decision was far from a tie
+    from tests.ops.markov_c4 import assert_c4, z_tolerance
+
+    args = markov_inputs(4, 3, 500, 16, torch.bfloat16, torch.bfloat16, seed=2)
+    ids = torch.arange(4) + 10
+    cpu = dspark.ops.markov_sample(*args, 7, 3, ids)
+    assert assert_c4(args, cpu, cpu, 7, 3, ids) == 0
+    z = cpu[1].clone()
+    tol = z_tolerance(args[3], cpu[2][1, 2], z[1, 2])
+    z[1, 2, 17] += 20 * float(tol[17])
+    with pytest.raises(AssertionError, match="z off by"):
+        assert_c4(args, cpu, (cpu[0], z, cpu[2]), 7, 3, ids)
+    tokens = cpu[0].clone()
+    tokens[0, 2] = (tokens[0, 2] + 1) % 500
+    with pytest.raises(AssertionError, match="outside the tolerance"):
+        assert_c4(args, cpu, (tokens, cpu[1], cpu[2]), 7, 3, ids)
