@@ -99,10 +99,10 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
         float* wo = split ? ws_o.data_ptr<float>() : nullptr;
         float* wm = split ? ws_ml.data_ptr<float>() : nullptr;
         const cudaError_t status = launch<scalar_t>(
-            use_tensor_cores(qc, kc, vc, D), qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),
-            vc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), wo, wm,
-            split ? wm + ws_ml.numel() / 2 : nullptr, split ? base.data_ptr<int32_t>() : nullptr, ix,
-            static_cast<int>(T), static_cast<int>(R), static_cast<int>(D), c10::cuda::getCurrentCUDAStream());
+            tensor_cores, qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
+            out.data_ptr<scalar_t>(), wo, wm, split ? wm + ws_ml.numel() / 2 : nullptr,
+            split ? base.data_ptr<int32_t>() : nullptr, ix, static_cast<int>(T), static_cast<int>(R),
+            static_cast<int>(D), c10::cuda::getCurrentCUDAStream());
         TORCH_CHECK(status == cudaSuccess, "dspark::paged_verify_attention: CUDA kernel launch failed: ",
                     cudaGetErrorString(status));
       });
