@@ -13,7 +13,6 @@ python benchmarks/bench_markov_sample.py [--quick] [--device cuda] [--json out.j
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
-from benchmarks.common import Row, parse_args, report, time_fn  # noqa: E402
+from benchmarks.common import Row, parse_args, report, time_fn, time_fn_with_env  # noqa: E402
 from dspark.reference import markov_sample_ref  # noqa: E402
 
 GAMMA = 7
@@ -82,11 +81,8 @@ def main() -> None:
         nbytes = GAMMA * (V * r * w2.element_size() + R * V * (U.element_size() + 4))
         extra = {"bytes": nbytes, "GB/s": nbytes / (t_op.median_us * 1e3)}
         if dev == "cuda":  # the tensor-core kernel against the CUDA-core one (bit-equal to the CPU op)
-            os.environ["DSPARK_CUDA_TENSOR_CORES"] = "0"
-            try:
-                t_cores = time_fn(lambda a=a: dspark.ops.markov_sample(*a, 1, 2), dev, budget)
-            finally:
-                os.environ.pop("DSPARK_CUDA_TENSOR_CORES")
+            op = lambda a=a: dspark.ops.markov_sample(*a, 1, 2)  # noqa: E731
+            t_cores = time_fn_with_env("DSPARK_CUDA_TENSOR_CORES", "0", op, dev, budget)
             extra |= {
                 "CUDA-core kernel (us)": t_cores.median_us,
                 "tensor vs CUDA cores": t_cores.median_us / t_op.median_us,

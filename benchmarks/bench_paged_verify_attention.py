@@ -14,7 +14,6 @@ its CUDA-core one (``DSPARK_CUDA_TENSOR_CORES=0``, read per call).
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
-from benchmarks.common import Row, parse_args, report, time_fn  # noqa: E402
+from benchmarks.common import Row, parse_args, report, time_fn, time_fn_with_env  # noqa: E402
 from benchmarks.inputs import paged_inputs  # noqa: E402
 from dspark.reference import gather_request_kv  # noqa: E402
 
@@ -93,30 +92,15 @@ def main() -> None:
                 )
                 t_ref = time_fn(lambda i=inputs, s=scale: gather_sdpa(*i, s, True), args.device, budget)
                 extra = {}
+                op = lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True)  # noqa: E731
                 if args.device == "cpu":  # the vector loops against the scalar ones
-                    os.environ["DSPARK_CPU_SIMD"] = "0"
-                    try:
-                        t_scalar = time_fn(
-                            lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True),
-                            args.device,
-                            budget,
-                        )
-                    finally:
-                        os.environ.pop("DSPARK_CPU_SIMD")
+                    t_scalar = time_fn_with_env("DSPARK_CPU_SIMD", "0", op, args.device, budget)
                     extra = {
                         "scalar loops (us)": t_scalar.median_us,
                         "vector vs scalar": t_scalar.median_us / t_op.median_us,
                     }
                 elif dtype != torch.float32:  # the tensor-core kernel against the CUDA-core one
-                    os.environ["DSPARK_CUDA_TENSOR_CORES"] = "0"
-                    try:
-                        t_cores = time_fn(
-                            lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True),
-                            args.device,
-                            budget,
-                        )
-                    finally:
-                        os.environ.pop("DSPARK_CUDA_TENSOR_CORES")
+                    t_cores = time_fn_with_env("DSPARK_CUDA_TENSOR_CORES", "0", op, args.device, budget)
                     extra = {
                         "CUDA-core kernel (us)": t_cores.median_us,
                         "tensor vs CUDA cores": t_cores.median_us / t_op.median_us,

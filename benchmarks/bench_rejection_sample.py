@@ -11,7 +11,6 @@ python benchmarks/bench_rejection_sample.py [--quick] [--device cuda] [--json ou
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
-from benchmarks.common import Row, parse_args, report, time_fn  # noqa: E402
+from benchmarks.common import Row, parse_args, report, time_fn, time_fn_with_env  # noqa: E402
 from benchmarks.inputs import ragged_verify_inputs, verify_inputs  # noqa: E402
 from dspark.reference import rejection_sample_ref  # noqa: E402
 
@@ -121,13 +120,8 @@ def main() -> None:
             if kind == "greedy":  # the eager argmax chain gives the same accepted counts
                 assert torch.equal(acc.long().cpu(), ref_fn()[0].cpu()), "greedy: accepted counts differ"
                 if dev == "cuda":  # the vocabulary-split greedy kernels against the one-block kernel
-                    os.environ["DSPARK_CUDA_GREEDY_SPLIT"] = "0"
-                    try:
-                        t_block = time_fn(
-                            lambda o=op_args: dspark.ops.rejection_sample(*o, 1, 2), dev, budget
-                        )
-                    finally:
-                        os.environ.pop("DSPARK_CUDA_GREEDY_SPLIT")
+                    op = lambda o=op_args: dspark.ops.rejection_sample(*o, 1, 2)  # noqa: E731
+                    t_block = time_fn_with_env("DSPARK_CUDA_GREEDY_SPLIT", "0", op, dev, budget)
                     extra |= {
                         "one-block kernel (us)": t_block.median_us,
                         "split vs one block": t_block.median_us / t_op.median_us,

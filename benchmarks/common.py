@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -80,6 +81,22 @@ def time_fn(fn: Callable[[], object], device: str, min_run_time: float) -> Timin
     timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     m = timer.blocked_autorange(min_run_time=min_run_time)
     return Timing(m.median * 1e6, m.iqr * 1e6, len(m.times))
+
+
+def time_fn_with_env(
+    name: str, value: str, fn: Callable[[], object], device: str, min_run_time: float
+) -> Timing:
+    """``time_fn`` with the environment variable ``name`` set to ``value`` (the ops read their switches per
+    call: ``DSPARK_CPU_SIMD``, ``DSPARK_CUDA_TENSOR_CORES``, ``DSPARK_CUDA_GREEDY_SPLIT``), restored after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return time_fn(fn, device, min_run_time)
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def cpu_description() -> dict:

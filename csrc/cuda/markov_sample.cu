@@ -8,26 +8,20 @@
 #include <torch/library.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "checks/markov_sample.h"
+#include "cuda/tensor_cores.h"
 #include "dspark/kernels/markov_sample_mma.cuh"
 
 namespace dspark {
 namespace {
 
-// The tensor-core kernel for bf16 / fp16 tables with rank % 16 == 0 and a 4-byte aligned W2 on compute
-// capability 8.0+; DSPARK_CUDA_TENSOR_CORES=0 keeps the CUDA-core kernel (bit-equal to the CPU op).
+// The tensor-core kernel for bf16 / fp16 tables with rank % 16 == 0 and a 4-byte aligned W2 where
+// tensor_cores_allowed; otherwise the CUDA-core kernel (bit-equal to the CPU op).
 bool use_tensor_cores(const at::Tensor& w1, const at::Tensor& w2) {
   if (w1.scalar_type() != at::kBFloat16 && w1.scalar_type() != at::kHalf) return false;
   if (w1.size(1) % 16 != 0 || reinterpret_cast<uintptr_t>(w2.data_ptr()) % 4 != 0) return false;
-  const char* env = std::getenv("DSPARK_CUDA_TENSOR_CORES");
-  if (env != nullptr && std::string(env) == "0") return false;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w1.get_device()) != cudaSuccess)
-    return false;
-  return major >= 8;
+  return tensor_cores_allowed(w1.get_device());
 }
 
 template <typename TU>
@@ -69,7 +63,9 @@ void launch(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1,
 template <typename TU>
 void dispatch_w(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
                 const at::Tensor& temperature, const at::Tensor& ids, at::Tensor& tokens, at::Tensor& z,
-                at::Tensor& prev_emb, at::Tensor& pk, at::Tensor& pi, int64_t seed, int64_t offset) {
+                at::Tensor& prev_emb, at::Tensor& pk, at::Tensor& pi, int64_t seed, int64_t offset, bool tc) {
+  if (tc)
+    return launch_mma<TU>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed, offset);
   switch (w1.scalar_type()) {
     case at::kFloat:
       return launch<TU, float>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed,
@@ -94,23 +90,13 @@ void run(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, co
   const int64_t n_tiles = tc ? kernels::MarkovMmaTiles(V) : (V + kSumLanes - 1) / kSumLanes;
   auto pk = at::empty({R, n_tiles}, z.options());
   auto pi = at::empty({R, n_tiles}, z.options().dtype(at::kLong));
-  if (tc) {
-    switch (u.scalar_type()) {
-      case at::kFloat:
-        return launch_mma<float>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
-      case at::kBFloat16:
-        return launch_mma<__nv_bfloat16>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
-      default:
-        return launch_mma<__half>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
-    }
-  }
   switch (u.scalar_type()) {
     case at::kFloat:
-      return dispatch_w<float>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+      return dispatch_w<float>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset, tc);
     case at::kBFloat16:
-      return dispatch_w<__nv_bfloat16>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+      return dispatch_w<__nv_bfloat16>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset, tc);
     default:
-      return dispatch_w<__half>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset);
+      return dispatch_w<__half>(u, a, w1c, w2c, t, ids, tokens, z, prev_emb, pk, pi, seed, offset, tc);
   }
 }
 

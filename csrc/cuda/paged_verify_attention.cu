@@ -7,11 +7,10 @@
 #include <torch/library.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "checks/paged_verify_attention.h"
+#include "cuda/tensor_cores.h"
 #include "dspark/kernels/paged_verify_attention.cuh"
 
 namespace dspark {
@@ -19,17 +18,12 @@ namespace {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// The tensor-core kernel for bf16 / fp16 at head_dim 64 / 128 on compute capability 8.0+ with 16-byte
-// aligned q and caches; DSPARK_CUDA_TENSOR_CORES=0 keeps the CUDA-core kernel (for comparisons).
+// The tensor-core kernel for bf16 / fp16 at head_dim 64 / 128 with 16-byte aligned q and caches where
+// tensor_cores_allowed; otherwise the CUDA-core kernel.
 bool use_tensor_cores(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, int64_t D) {
   if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf) return false;
   if (!kernels::PvaHasSplitKernel(D) || !aligned16(q) || !aligned16(kc) || !aligned16(vc)) return false;
-  const char* env = std::getenv("DSPARK_CUDA_TENSOR_CORES");
-  if (env != nullptr && std::string(env) == "0") return false;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()) != cudaSuccess)
-    return false;
-  return major >= 8;
+  return tensor_cores_allowed(q.get_device());
 }
 
 // The kernels for scalar_t: tensor cores for bf16 / fp16 when `tensor_cores`, else CUDA cores. A function
