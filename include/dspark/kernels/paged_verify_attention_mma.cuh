@@ -41,9 +41,9 @@ __device__ __forceinline__ float QuadSum(float v) {
 // grid (kPvaMaxSplits, Hkv, R); block kPvaMmaWarps * 32; static smem 2 x 64 x (D + 8) 16-bit elements. q [T,
 // Hq, D], caches [pages, page_size, Hkv, D] (16-byte aligned) -> out [T, Hq, D] (a request with one split) or
 // ws_o [kPvaMaxSplits, W, Hq, D] f32 + ws_m, ws_l [kPvaMaxSplits, W, Hq] f32 at rows base[r] + token, exactly
-// as PvaSplitKernel.
+// as PvaSplitKernel. (Launch bounds of 2 CTAs per SM: without a minimum, ptxas capped head_dim 64 at 128
+// registers and spilled.)
 template <typename DType, int D, bool kBf16>
-// (2 CTAs per SM: without a minimum ptxas capped head_dim 64 at 128 registers and spilled)
 __global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
     PvaMmaKernel(const DType* __restrict__ q_, const DType* __restrict__ kc_, const DType* __restrict__ vc_,
                  DType* __restrict__ out, float* __restrict__ ws_o, float* __restrict__ ws_m,
