@@ -87,7 +87,7 @@ def time_fn_with_env(
     name: str, value: str, fn: Callable[[], object], device: str, min_run_time: float
 ) -> Timing:
     """``time_fn`` with the environment variable ``name`` set to ``value`` (the ops read their switches per
-    call: ``DSPARK_CPU_SIMD``, ``DSPARK_CUDA_TENSOR_CORES``, ``DSPARK_CUDA_GREEDY_SPLIT``), restored after."""
+    call: ``DSPARK_CPU_SIMD``, ``DSPARK_CUDA_TENSOR_CORES``, ``DSPARK_CUDA_REJECTION_SPLIT``), restored after."""
     before = os.environ.get(name)
     os.environ[name] = value
     try:

@@ -48,13 +48,16 @@ def test_parses_the_dspark_kernels_with_their_architecture_and_name():
     ]  # other libraries' kernels are not dspark's to gate
 
 
-def test_stack_gate_passes_the_allowed_frame_and_fails_any_other():
-    assert gates.stack_failures(gates.parse_resource_usage(usage_dump())) == []
-    grown = gates.stack_failures(gates.parse_resource_usage(usage_dump(reject_stack=64)))
+def test_stack_gate_passes_an_allowed_frame_and_fails_any_other():
+    allowed = {"RejectionSampleKernel": 48}
+    assert gates.stack_failures(gates.parse_resource_usage(usage_dump()), allowed) == []
+    unlisted = gates.stack_failures(gates.parse_resource_usage(usage_dump()), {})
+    assert len(unlisted) == 1 and "RejectionSampleKernel" in unlisted[0] and "allowed 0" in unlisted[0]
+    grown = gates.stack_failures(gates.parse_resource_usage(usage_dump(reject_stack=64)), allowed)
     assert len(grown) == 1 and "RejectionSampleKernel" in grown[0] and "STACK 64" in grown[0]
-    new_frame = gates.stack_failures(gates.parse_resource_usage(usage_dump(split_stack=16)))
+    new_frame = gates.stack_failures(gates.parse_resource_usage(usage_dump(split_stack=16)), allowed)
     assert len(new_frame) == 1 and "PvaSplitKernel" in new_frame[0]
-    spilled = gates.stack_failures(gates.parse_resource_usage(usage_dump(split_local=8)))
+    spilled = gates.stack_failures(gates.parse_resource_usage(usage_dump(split_local=8)), allowed)
     assert len(spilled) == 1 and "LOCAL 8" in spilled[0]
 
 

@@ -16,19 +16,28 @@
 namespace dspark {
 namespace {
 
-// Greedy requests take the vocabulary-split kernels unless DSPARK_CUDA_GREEDY_SPLIT=0 (read per call, for
-// comparisons) or the grid would not fit (R or g + 1 over 65,535, V of 2^32 ids or more).
+// The one-block-per-request kernel alone when DSPARK_CUDA_REJECTION_SPLIT=0 (read per call, for
+// comparisons); otherwise greedy requests take the vocabulary-split kernels and the others one block per
+// verify row, where the grids fit and the per-row workspace stays under 256 MiB. Every choice gives the same
+// tokens.
+bool split_allowed() {
+  const char* env = std::getenv("DSPARK_CUDA_REJECTION_SPLIT");
+  return env == nullptr || std::string(env) != "0";
+}
 bool split_greedy(int64_t R, int64_t G, int64_t V) {
-  const char* env = std::getenv("DSPARK_CUDA_GREEDY_SPLIT");
-  if (env != nullptr && std::string(env) == "0") return false;
   return R <= 65535 && G + 1 <= 65535 && V < (int64_t{1} << 32);
+}
+bool split_rows(int64_t R, int64_t G, int64_t V) {
+  return R <= 65535 && 2 * R * (G + 1) * V * 4 <= (int64_t{256} << 20);
 }
 
 template <typename TL>
 cudaError_t launch(const TL* target, kernels::RejectionParams& p, int64_t R, const at::Tensor& best,
-                   cudaStream_t stream) {
+                   const at::Tensor& row_token, const at::Tensor& row_accepted, cudaStream_t stream) {
   p.greedy_elsewhere = best.defined();
-  cudaError_t status = kernels::RejectionSample<TL>(target, p, R, stream);
+  cudaError_t status = kernels::RejectionSample<TL>(
+      target, p, R, stream, row_token.defined() ? row_token.data_ptr<int64_t>() : nullptr,
+      row_accepted.defined() ? row_accepted.data_ptr<bool>() : nullptr);
   if (status != cudaSuccess || !best.defined()) return status;
   return kernels::RejectionSampleGreedy<TL>(target, p, R,
                                             reinterpret_cast<uint64_t*>(best.data_ptr<int64_t>()), stream);
@@ -66,7 +75,15 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const auto ids = opt(request_ids), tk = opt(top_k), tp = opt(top_p), pen = opt(repetition_penalty);
   const auto ptok = opt(penalty_tokens), pptr = opt(penalty_indptr);
   const auto zl = opt(draft_logits), oh = opt(draft_one_hot);
-  auto ws = at::empty({2, R, V}, tl.options().dtype(at::kFloat));
+  const bool split = split_allowed(), rows = split && split_rows(R, G, V);
+  // y and w per request, or per verify row when the rows run side by side
+  auto ws = rows ? at::empty({2, R, G + 1, V}, tl.options().dtype(at::kFloat))
+                 : at::empty({2, R, V}, tl.options().dtype(at::kFloat));
+  at::Tensor row_token, row_accepted;  // [R, g + 1]: each row's token and whether it accepts its draft
+  if (rows) {
+    row_token = at::empty({R, G + 1}, dt.options());
+    row_accepted = at::empty({R, G + 1}, dt.options().dtype(at::kBool));
+  }
   kernels::RejectionParams p;
   p.qo_indptr = qo.data_ptr<int32_t>();
   p.draft_logits = zl.defined() ? zl.data_ptr<float>() : nullptr;
@@ -90,18 +107,19 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   p.offset = static_cast<uint64_t>(offset);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor best;  // [R, g + 1, chunks] packed (value, id) maxima of the greedy rows
-  if (split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::GreedyChunks(V)}, dt.options());
+  if (split && split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::GreedyChunks(V)}, dt.options());
   cudaError_t status;
   switch (tl.scalar_type()) {
     case at::kFloat:
-      status = launch<float>(tl.data_ptr<float>(), p, R, best, stream);
+      status = launch<float>(tl.data_ptr<float>(), p, R, best, row_token, row_accepted, stream);
       break;
     case at::kBFloat16:
-      status =
-          launch<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, best, stream);
+      status = launch<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, best,
+                                     row_token, row_accepted, stream);
       break;
     default:
-      status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, best, stream);
+      status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, best, row_token,
+                              row_accepted, stream);
   }
   TORCH_CHECK(status == cudaSuccess,
               "dspark::rejection_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));

@@ -21,10 +21,22 @@ from tests.ops.test_rejection_sample_one_hot import (
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+def choose_kernels(split, monkeypatch):
+    """ "on": greedy rows split over the vocabulary, other rows one block each (the default where they fit);
+    "off": one block per request walking its rows (DSPARK_CUDA_REJECTION_SPLIT=0). Both must give the CPU's
+    tokens."""
+    if split == "off":
+        monkeypatch.setenv("DSPARK_CUDA_REJECTION_SPLIT", "0")
+    else:
+        monkeypatch.delenv("DSPARK_CUDA_REJECTION_SPLIT", raising=False)
+
+
 @pytest.mark.parametrize("procs", PROCS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", range(4))
-def test_cuda_equals_cpu(procs, dtype, seed):
+@pytest.mark.parametrize("split", ["on", "off"])
+def test_cuda_equals_cpu(procs, dtype, seed, split, monkeypatch):
+    choose_kernels(split, monkeypatch)
     args = rs_inputs(seed=seed, dtype=dtype, match=0.6)
     cpu = dspark.ops.rejection_sample(*args, seed, 1, **procs)
     gpu = dspark.ops.rejection_sample(
@@ -33,7 +45,9 @@ def test_cuda_equals_cpu(procs, dtype, seed):
     assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
 
 
-def test_large_vocab_cuda_equals_cpu():
+@pytest.mark.parametrize("split", ["on", "off"])
+def test_large_vocab_cuda_equals_cpu(split, monkeypatch):
+    choose_kernels(split, monkeypatch)
     g = torch.Generator().manual_seed(0)
     R, G, V = 16, 7, 151936
     z = torch.randn(R, G, V, generator=g)
@@ -57,7 +71,9 @@ def _cuda(kw):
 @pytest.mark.parametrize("procs", PROCS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mask", ["mixed", "all", "no_draft_logits"])
-def test_one_hot_cuda_equals_cpu(procs, dtype, mask):
+@pytest.mark.parametrize("split", ["on", "off"])
+def test_one_hot_cuda_equals_cpu(procs, dtype, mask, split, monkeypatch):
+    choose_kernels(split, monkeypatch)
     # deterministic proposals: mixed one-hot / normal requests (NaN in the one-hot requests' draft rows, never
     # read) and no draft_logits at all; ragged verify lengths, greedy and sampled rows, processors
     tl, qo, z, drafts, vl, temp = onehot_inputs(seed=21, dtype=dtype)
@@ -144,11 +160,8 @@ def _greedy_case(R, G, V, seed, dtype, penalty):
 @pytest.mark.parametrize("penalty", [False, True])
 def test_greedy_rounds_split_over_the_vocabulary_equal_cpu(split, dtype, penalty, monkeypatch):
     # greedy requests run on (request, row, 4,096-id chunk) CTAs; the tokens and accepted counts are the CPU
-    # op's exactly (an argmax, ties to the lowest id); DSPARK_CUDA_GREEDY_SPLIT=0 keeps the one-block kernel
-    if split == "off":
-        monkeypatch.setenv("DSPARK_CUDA_GREEDY_SPLIT", "0")
-    else:
-        monkeypatch.delenv("DSPARK_CUDA_GREEDY_SPLIT", raising=False)
+    # op's exactly (an argmax, ties to the lowest id); DSPARK_CUDA_REJECTION_SPLIT=0 keeps the one-block kernel
+    choose_kernels(split, monkeypatch)
     args, procs = _greedy_case(12, 7, 151936, 5, dtype, penalty)
     cpu = dspark.ops.rejection_sample(*args, 3, 4, **procs)
     gpu = dspark.ops.rejection_sample(

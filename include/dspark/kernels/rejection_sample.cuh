@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA rejection_sample: one block of kSumLanes threads per request, walking its verify rows in order and
-// stopping at the first rejection (later rows are never read). Per row the block builds the processed target
-// row y (penalty, / T) and p (top-k, top-p by threshold search, fixed-order normalisation) in a global
-// workspace, forms q = softmax(z / T) on the fly (requests with deterministic proposals: q one-hot at the
-// draft, never formed; their draft rows are not read), and takes the accept / residual / bonus decision.
+// CUDA rejection_sample. Per verify row (RejectionRow) a block builds the processed target row y (penalty,
+// / T) and p (top-k, top-p by threshold search, fixed-order normalisation) in a global workspace, forms
+// q = softmax(z / T) on the fly (requests with deterministic proposals: q one-hot at the draft, never formed;
+// their draft rows are not read), and takes the accept / residual / bonus decision. The rows of a request run
+// either in order in one block (stopping at the first rejection) or each in its own block followed by a walk
+// (rows past the first rejection computed and dropped): the Philox keys name the row, so both give the same
+// tokens. Greedy requests may go to the vocabulary-split kernels instead (rejection_sample_greedy.cuh).
 // Every sum, exp, log and tie rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same
 // tokens.
 #pragma once
@@ -51,15 +53,23 @@ __device__ int64_t BlockGumbelDraw(int64_t V, W wt, uint64_t seed, uint64_t offs
   return BlockBest(mine, s).idx;
 }
 
+// What one verify row decides: the token it emits, and whether that token is the row's draft accepted (the
+// request's walk then goes on to its next row).
+struct RowOutcome {
+  int64_t token;
+  bool accepted;
+};
+
+// Verify row i of request r, block-wide (kSumLanes threads): the processed target row y (penalty, / T), p
+// (top-k, top-p, fixed-order normalisation) in w, and the accept / residual / bonus decision. y and w are
+// this row's V-float scratch. A function of (r, i) and the inputs only — the Philox keys name the row — so
+// rows may be decided in order in one block or each in its own block, with the same result.
 template <typename TL>
-__global__ void __launch_bounds__(kSumLanes)
-    RejectionSampleKernel(const TL* __restrict__ target, RejectionParams a) {
-  __shared__ BlockScratch s;
-  const int64_t r = blockIdx.x, V = a.V, G = a.G;
+__device__ RowOutcome RejectionRow(const TL* __restrict__ target, const RejectionParams& a, int64_t r,
+                                   int64_t i, float* y, float* w, BlockScratch& s) {
+  const int64_t V = a.V, G = a.G;
   const int tid = threadIdx.x;
   const float T = a.temperature[r];
-  const bool greedy = T == 0.0f;
-  if (greedy && a.greedy_elsewhere) return;  // block-uniform, before any barrier
   const bool one_hot = a.draft_logits == nullptr || (a.draft_one_hot != nullptr && a.draft_one_hot[r]);
   const int64_t top_k = a.top_k ? a.top_k[r] : 0;
   const float top_p = a.top_p ? a.top_p[r] : 1.0f;
@@ -69,118 +79,157 @@ __global__ void __launch_bounds__(kSumLanes)
   const uint32_t req = static_cast<uint32_t>(a.request_ids ? a.request_ids[r] : r);
   const int64_t n = a.verify_len[r];
   const int64_t* drafts = a.draft_tokens + r * G;
-  int64_t* emit = a.out_tokens + r * (G + 1);
-  float* y = a.ws_y + r * V;
-  float* w = a.ws_w + r * V;
-  int32_t n_acc = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const TL* row = target + (static_cast<int64_t>(a.qo_indptr[r]) + i) * V;
-    const uint32_t pos = static_cast<uint32_t>(i);
-    for (int64_t j = tid; j < V; j += kSumLanes) y[j] = static_cast<float>(row[j]);
-    __syncthreads();
-    if (pen != 1.0f) {  // duplicates write the same value
-      for (int64_t j = tid; j < n_pen; j += kSumLanes)
-        y[ptok[j]] = repetition_penalize(static_cast<float>(row[ptok[j]]), pen);
-      for (int64_t j = tid; j < i; j += kSumLanes)
-        y[drafts[j]] = repetition_penalize(static_cast<float>(row[drafts[j]]), pen);
-    }
-    __syncthreads();
-    KeyIdx mine{-INFINITY, -1};
+  const TL* row = target + (static_cast<int64_t>(a.qo_indptr[r]) + i) * V;
+  const uint32_t pos = static_cast<uint32_t>(i);
+  for (int64_t j = tid; j < V; j += kSumLanes) y[j] = static_cast<float>(row[j]);
+  __syncthreads();
+  if (pen != 1.0f) {  // duplicates write the same value
+    for (int64_t j = tid; j < n_pen; j += kSumLanes)
+      y[ptok[j]] = repetition_penalize(static_cast<float>(row[ptok[j]]), pen);
+    for (int64_t j = tid; j < i; j += kSumLanes)
+      y[drafts[j]] = repetition_penalize(static_cast<float>(row[drafts[j]]), pen);
+  }
+  __syncthreads();
+  KeyIdx mine{-INFINITY, -1};
+  for (int64_t j = tid; j < V; j += kSumLanes) {
+    const float v = temperature_scaled(y[j], T);
+    y[j] = v;
+    mine = best_of(mine, KeyIdx{v, j});
+  }
+  const KeyIdx top = BlockBest(mine, s);                                // also a barrier after the y writes
+  if (T == 0.0f) return {top.idx, i != n - 1 && top.idx == drafts[i]};  // greedy: the argmax
+  const float m = top.key;
+  const uint32_t key_lo = ordered_key(-INFINITY), key_hi = ordered_key(m);
+  float thr = -INFINITY;
+  if (top_k > 0 && top_k < V) {
+    thr = key_to_float(search_key(key_lo, key_hi, [&](float v) {
+      int64_t c = 0;
+      for (int64_t j = tid; j < V; j += kSumLanes) c += y[j] > v;
+      return BlockCount(c, s) < top_k;
+    }));
+  }
+  float lane = 0.f;
+  for (int64_t j = tid; j < V; j += kSumLanes) {
+    const float e = y[j] >= thr ? exp_exact(add_rn(y[j], -m)) : 0.0f;
+    w[j] = e;
+    lane = add_rn(lane, e);
+  }
+  float total = BlockLaneSum(lane, s);
+  if (top_p < 1.0f) {
+    const float target_mass = mul_rn(top_p, total);
+    const float thr_p = key_to_float(search_key(key_lo, key_hi, [&](float v) {
+      float l = 0.f;
+      for (int64_t j = tid; j < V; j += kSumLanes) l = add_rn(l, y[j] > v ? w[j] : 0.0f);
+      return BlockLaneSum(l, s) < target_mass;
+    }));
+    lane = 0.f;
     for (int64_t j = tid; j < V; j += kSumLanes) {
-      const float v = temperature_scaled(y[j], T);
-      y[j] = v;
-      mine = best_of(mine, KeyIdx{v, j});
-    }
-    const KeyIdx top = BlockBest(mine, s);  // also a barrier after the y writes
-    const int64_t arg = top.idx;
-    if (greedy) {
-      if (i == n - 1 || arg != drafts[i]) {
-        if (tid == 0) emit[i] = arg;
-        break;
-      }
-      if (tid == 0) emit[i] = arg;
-      ++n_acc;
-      continue;
-    }
-    const float m = top.key;
-    const uint32_t key_lo = ordered_key(-INFINITY), key_hi = ordered_key(m);
-    float thr = -INFINITY;
-    if (top_k > 0 && top_k < V) {
-      thr = key_to_float(search_key(key_lo, key_hi, [&](float v) {
-        int64_t c = 0;
-        for (int64_t j = tid; j < V; j += kSumLanes) c += y[j] > v;
-        return BlockCount(c, s) < top_k;
-      }));
-    }
-    float lane = 0.f;
-    for (int64_t j = tid; j < V; j += kSumLanes) {
-      const float e = y[j] >= thr ? exp_exact(add_rn(y[j], -m)) : 0.0f;
+      const float e = y[j] >= thr_p ? w[j] : 0.0f;
       w[j] = e;
       lane = add_rn(lane, e);
     }
-    float total = BlockLaneSum(lane, s);
-    if (top_p < 1.0f) {
-      const float target_mass = mul_rn(top_p, total);
-      const float thr_p = key_to_float(search_key(key_lo, key_hi, [&](float v) {
-        float l = 0.f;
-        for (int64_t j = tid; j < V; j += kSumLanes) l = add_rn(l, y[j] > v ? w[j] : 0.0f);
-        return BlockLaneSum(l, s) < target_mass;
-      }));
-      lane = 0.f;
-      for (int64_t j = tid; j < V; j += kSumLanes) {
-        const float e = y[j] >= thr_p ? w[j] : 0.0f;
-        w[j] = e;
-        lane = add_rn(lane, e);
-      }
-      total = BlockLaneSum(lane, s);
-    }
-    for (int64_t j = tid; j < V; j += kSumLanes) w[j] = div_rn(w[j], total);
-    __syncthreads();
-    if (i == n - 1) {  // bonus from p
-      const int64_t b = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
-      if (tid == 0) emit[i] = b;
-      break;
-    }
-    const int64_t x = drafts[i];
-    const float u = philox_uniform(a.seed, a.offset, req, pos, kPurposeAccept, 0);
-    if (one_hot) {  // q one-hot at x: accept iff u < p(x), else a draw from p without x
-      if (accept_proposal(u, w[x])) {
-        if (tid == 0) emit[i] = x;
-        ++n_acc;
-        continue;
-      }
-      int64_t c = BlockGumbelDraw(
-          V, [&](int64_t j) { return proposal_residual_weight(w[j], j, x); }, a.seed, a.offset, req, pos, s);
-      if (c < 0) c = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
-      if (tid == 0) emit[i] = c;
-      break;
-    }
-    const float* z = a.draft_logits + (r * G + i) * V;
-    KeyIdx zm{-INFINITY, -1};
-    for (int64_t j = tid; j < V; j += kSumLanes) zm = best_of(zm, KeyIdx{div_rn(z[j], T), j});
-    const float mq = BlockBest(zm, s).key;
-    lane = 0.f;
-    for (int64_t j = tid; j < V; j += kSumLanes) lane = add_rn(lane, draft_weight(z[j], T, mq));
-    const float sq = BlockLaneSum(lane, s);
-    auto q_at = [&](int64_t j) { return div_rn(draft_weight(z[j], T, mq), sq); };
-    if (accept_draft(u, q_at(x), w[x])) {
-      if (tid == 0) emit[i] = x;
-      ++n_acc;
-      continue;
-    }
-    int64_t c =
-        BlockGumbelDraw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, a.seed, a.offset, req, pos, s);
-    if (c < 0) c = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
-    if (tid == 0) emit[i] = c;
-    break;
+    total = BlockLaneSum(lane, s);
   }
-  if (tid == 0) a.accepted[r] = n_acc;
+  for (int64_t j = tid; j < V; j += kSumLanes) w[j] = div_rn(w[j], total);
+  __syncthreads();
+  if (i == n - 1) {  // bonus from p
+    return {BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s), false};
+  }
+  const int64_t x = drafts[i];
+  const float u = philox_uniform(a.seed, a.offset, req, pos, kPurposeAccept, 0);
+  if (one_hot) {  // q one-hot at x: accept iff u < p(x), else a draw from p without x
+    if (accept_proposal(u, w[x])) return {x, true};
+    int64_t c = BlockGumbelDraw(
+        V, [&](int64_t j) { return proposal_residual_weight(w[j], j, x); }, a.seed, a.offset, req, pos, s);
+    if (c < 0) c = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
+    return {c, false};
+  }
+  const float* z = a.draft_logits + (r * G + i) * V;
+  KeyIdx zm{-INFINITY, -1};
+  for (int64_t j = tid; j < V; j += kSumLanes) zm = best_of(zm, KeyIdx{div_rn(z[j], T), j});
+  const float mq = BlockBest(zm, s).key;
+  lane = 0.f;
+  for (int64_t j = tid; j < V; j += kSumLanes) lane = add_rn(lane, draft_weight(z[j], T, mq));
+  const float sq = BlockLaneSum(lane, s);
+  auto q_at = [&](int64_t j) { return div_rn(draft_weight(z[j], T, mq), sq); };
+  if (accept_draft(u, q_at(x), w[x])) return {x, true};
+  int64_t c =
+      BlockGumbelDraw(V, [&](int64_t j) { return add_rn(w[j], -q_at(j)); }, a.seed, a.offset, req, pos, s);
+  if (c < 0) c = BlockGumbelDraw(V, [&](int64_t j) { return w[j]; }, a.seed, a.offset, req, pos, s);
+  return {c, false};
 }
 
+// grid R: each request's rows in order in one block, stopping at the first rejection (later rows never read).
+// ws_y / ws_w [R, V].
 template <typename TL>
-cudaError_t RejectionSample(const TL* target, const RejectionParams& params, int64_t R, cudaStream_t stream) {
+__global__ void __launch_bounds__(kSumLanes)
+    RejectionSampleKernel(const TL* __restrict__ target, RejectionParams a) {
+  __shared__ BlockScratch s;
+  const int64_t r = blockIdx.x;
+  if (a.temperature[r] == 0.0f && a.greedy_elsewhere) return;  // block-uniform, before any barrier
+  int64_t* emit = a.out_tokens + r * (a.G + 1);
+  float* y = a.ws_y + r * a.V;
+  float* w = a.ws_w + r * a.V;
+  const int64_t n = a.verify_len[r];
+  int32_t n_acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const RowOutcome o = RejectionRow(target, a, r, i, y, w, s);
+    if (threadIdx.x == 0) emit[i] = o.token;
+    if (!o.accepted) break;
+    ++n_acc;
+  }
+  if (threadIdx.x == 0) a.accepted[r] = n_acc;
+}
+
+// grid (G + 1, R): every verify row decided in its own block (rows past the first rejection too, then dropped
+// by the walk), so one request's rows run side by side. ws_y / ws_w [R, G + 1, V]; row_token [R, G + 1] i64,
+// row_accepted [R, G + 1].
+template <typename TL>
+__global__ void __launch_bounds__(kSumLanes)
+    RejectionRowsKernel(const TL* __restrict__ target, RejectionParams a, int64_t* __restrict__ row_token,
+                        bool* __restrict__ row_accepted) {
+  __shared__ BlockScratch s;
+  const int64_t i = blockIdx.x, r = blockIdx.y, slot = r * (a.G + 1) + i;
+  if (i >= a.verify_len[r] || (a.temperature[r] == 0.0f && a.greedy_elsewhere)) return;  // block-uniform
+  const RowOutcome o = RejectionRow(target, a, r, i, a.ws_y + slot * a.V, a.ws_w + slot * a.V, s);
+  if (threadIdx.x == 0) {
+    row_token[slot] = o.token;
+    row_accepted[slot] = o.accepted;
+  }
+}
+
+// grid ceil(R / 128) x 128 threads: each request's walk over its decided rows.
+__global__ void RejectionWalkKernel(RejectionParams a, const int64_t* __restrict__ row_token,
+                                    const bool* __restrict__ row_accepted, int64_t R) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= R || (a.temperature[r] == 0.0f && a.greedy_elsewhere)) return;
+  const int64_t n = a.verify_len[r];
+  int32_t n_acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = r * (a.G + 1) + i;
+    a.out_tokens[slot] = row_token[slot];
+    if (!row_accepted[slot]) break;
+    ++n_acc;
+  }
+  a.accepted[r] = n_acc;
+}
+
+// row_token / row_accepted null: one block per request (RejectionSampleKernel, ws [R, V]); else one block per
+// verify row then the walk (ws [R, G + 1, V]). Both give the same tokens.
+template <typename TL>
+cudaError_t RejectionSample(const TL* target, const RejectionParams& params, int64_t R, cudaStream_t stream,
+                            int64_t* row_token = nullptr, bool* row_accepted = nullptr) {
   if (R <= 0) return cudaSuccess;
-  RejectionSampleKernel<TL><<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(target, params);
+  if (row_token == nullptr) {
+    RejectionSampleKernel<TL><<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(target, params);
+    return cudaGetLastError();
+  }
+  const dim3 grid(static_cast<unsigned>(params.G + 1), static_cast<unsigned>(R));
+  RejectionRowsKernel<TL><<<grid, kSumLanes, 0, stream>>>(target, params, row_token, row_accepted);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  RejectionWalkKernel<<<static_cast<unsigned>((R + 127) / 128), 128, 0, stream>>>(params, row_token,
+                                                                                  row_accepted, R);
   return cudaGetLastError();
 }
 
