@@ -7,10 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "checks/rejection_sample.h"
+#include "cuda/tensor_cores.h"
 #include "dspark/kernels/rejection_sample_greedy.cuh"
 
 namespace dspark {
@@ -20,10 +18,6 @@ namespace {
 // comparisons); otherwise greedy requests take the vocabulary-split kernels and the others one block per
 // verify row, where the grids fit and the per-row workspace stays under 256 MiB. Every choice gives the same
 // tokens.
-bool split_allowed() {
-  const char* env = std::getenv("DSPARK_CUDA_REJECTION_SPLIT");
-  return env == nullptr || std::string(env) != "0";
-}
 bool split_greedy(int64_t R, int64_t G, int64_t V) {
   return R <= 65535 && G + 1 <= 65535 && V < (int64_t{1} << 32);
 }
@@ -75,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const auto ids = opt(request_ids), tk = opt(top_k), tp = opt(top_p), pen = opt(repetition_penalty);
   const auto ptok = opt(penalty_tokens), pptr = opt(penalty_indptr);
   const auto zl = opt(draft_logits), oh = opt(draft_one_hot);
-  const bool split = split_allowed(), rows = split && split_rows(R, G, V);
+  const bool split = !switched_off("DSPARK_CUDA_REJECTION_SPLIT"), rows = split && split_rows(R, G, V);
   // y and w per request, or per verify row when the rows run side by side
   auto ws = rows ? at::empty({2, R, G + 1, V}, tl.options().dtype(at::kFloat))
                  : at::empty({2, R, V}, tl.options().dtype(at::kFloat));

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import dspark
+from tests.ops.cuda_switches import kernel_names, set_switch
 from tests.ops.markov_c4 import assert_c4
 from tests.ops.test_markov_sample import markov_inputs
 
@@ -17,10 +18,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kernel", ["tensor_cores", "cuda_cores"])
 def test_cuda_against_cpu(R, G, V, r, dtype, kernel, monkeypatch):
-    if kernel == "cuda_cores":
-        monkeypatch.setenv("DSPARK_CUDA_TENSOR_CORES", "0")
-    else:
-        monkeypatch.delenv("DSPARK_CUDA_TENSOR_CORES", raising=False)
+    set_switch(monkeypatch, "DSPARK_CUDA_TENSOR_CORES", kernel != "cuda_cores")
     args = markov_inputs(R, G, V, r, dtype, dtype, seed=R)
     ids = torch.randint(0, 2**32, (R,))
     cpu = dspark.ops.markov_sample(*args, 7, 3, ids)
@@ -39,14 +37,11 @@ def test_cuda_16_bit_tables_run_on_tensor_cores(dtype, monkeypatch):
     args = [a.cuda() for a in markov_inputs(8, 3, 4000, 64, dtype, dtype, seed=1)]
 
     def kernels_run():
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            dspark.ops.markov_sample(*args, 1, 2, None)
-            torch.cuda.synchronize()
-        return " ".join(e.name for e in prof.events())
+        return kernel_names(lambda: dspark.ops.markov_sample(*args, 1, 2, None))
 
-    monkeypatch.delenv("DSPARK_CUDA_TENSOR_CORES", raising=False)
+    set_switch(monkeypatch, "DSPARK_CUDA_TENSOR_CORES", True)
     assert "MarkovMmaStepKernel" in kernels_run()
-    monkeypatch.setenv("DSPARK_CUDA_TENSOR_CORES", "0")
+    set_switch(monkeypatch, "DSPARK_CUDA_TENSOR_CORES", False)
     names = kernels_run()
     assert "MarkovStepKernel" in names and "MarkovMmaStepKernel" not in names, names
 

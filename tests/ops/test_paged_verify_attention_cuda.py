@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import dspark
+from tests.ops.cuda_switches import kernel_names, set_switch
 from tests.ops.test_paged_verify_attention import (
     CASES,
     FLOOR,
@@ -43,10 +44,7 @@ KERNELS = [
 
 
 def choose_kernel(kernel, monkeypatch):
-    if kernel == "cuda_cores":
-        monkeypatch.setenv("DSPARK_CUDA_TENSOR_CORES", "0")
-    else:
-        monkeypatch.delenv("DSPARK_CUDA_TENSOR_CORES", raising=False)
+    set_switch(monkeypatch, "DSPARK_CUDA_TENSOR_CORES", kernel != "cuda_cores")
 
 
 @pytest.mark.parametrize("name,n_q,n_kv,Hq,Hkv,D,ps", CASES + EXTRA, ids=[c[0] for c in CASES + EXTRA])
@@ -83,15 +81,12 @@ def test_cuda_16_bit_inputs_run_on_tensor_cores(dtype, monkeypatch):
     args = tuple(t.cuda() for t in make_paged([4, 16], [300, 2000], 8, 2, 128, 16, dtype, seed=4))
 
     def kernels_run():
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            dspark.ops.paged_verify_attention(*args, 128**-0.5, True)
-            torch.cuda.synchronize()
-        return " ".join(e.name for e in prof.events())
+        return kernel_names(lambda: dspark.ops.paged_verify_attention(*args, 128**-0.5, True))
 
-    monkeypatch.delenv("DSPARK_CUDA_TENSOR_CORES", raising=False)
+    set_switch(monkeypatch, "DSPARK_CUDA_TENSOR_CORES", True)
     names = kernels_run()
     assert "PvaMmaKernel" in names and "PvaSplitKernel" not in names, names
-    monkeypatch.setenv("DSPARK_CUDA_TENSOR_CORES", "0")
+    set_switch(monkeypatch, "DSPARK_CUDA_TENSOR_CORES", False)
     names = kernels_run()
     assert "PvaSplitKernel" in names and "PvaMmaKernel" not in names, names
 

@@ -6,6 +6,7 @@ import torch
 
 import dspark
 from dspark.reference import rejection_sample_ref
+from tests.ops.cuda_switches import set_switch
 from tests.ops.test_rejection_sample import PROCS, rs_inputs
 from tests.ops.test_rejection_sample_one_hot import (
     ONE_HOT_MASKS,
@@ -25,10 +26,7 @@ def choose_kernels(split, monkeypatch):
     """ "on": greedy rows split over the vocabulary, other rows one block each (the default where they fit);
     "off": one block per request walking its rows (DSPARK_CUDA_REJECTION_SPLIT=0). Both must give the CPU's
     tokens."""
-    if split == "off":
-        monkeypatch.setenv("DSPARK_CUDA_REJECTION_SPLIT", "0")
-    else:
-        monkeypatch.delenv("DSPARK_CUDA_REJECTION_SPLIT", raising=False)
+    set_switch(monkeypatch, "DSPARK_CUDA_REJECTION_SPLIT", split == "on")
 
 
 @pytest.mark.parametrize("procs", PROCS)

@@ -135,11 +135,7 @@ __global__ void __launch_bounds__(128)
       const float key = draft_key(zi, T, seed, offset, req, static_cast<uint32_t>(k), id);
       if (key > -INFINITY) best = best_of(best, KeyIdx{key, id});  // -inf logits are never drawn
     }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) {
-      const KeyIdx o{__shfl_xor_sync(0xFFFFFFFFu, best.key, m), __shfl_xor_sync(0xFFFFFFFFu, best.idx, m)};
-      best = best_of(best, o);
-    }
+    best = WarpBest(best);  // lane 0 holds the warp's best
     if (lane == 0) {
       part_key[r * n_tiles + tile] = best.key;
       part_idx[r * n_tiles + tile] = best.idx;

@@ -51,20 +51,13 @@ __global__ void __launch_bounds__(kPvaWarps * 32)
   const int G = ix.Hq / ix.Hkv;
   const int q_begin = ix.qo_indptr[r], n_q = ix.qo_indptr[r + 1] - q_begin;
   const int n_kv = PvaKvLen(ix, r);
-  const PvaSplit plan = PvaRequestSplit(n_q, n_kv);
-  const int num_splits = plan.count, chunk = plan.chunk;
-  // a split request's CTA `part` takes key range `part` for all its rows; an unsplit one's takes every key
-  // for row tiles part, part + kPvaMaxSplits, ... (prefill rows spread over the CTAs; a row's sums do not
-  // depend on which CTA or tile computes it)
-  if (num_splits > 1 && part >= num_splits) return;  // CTA-uniform, before any barrier
-  const int split = num_splits > 1 ? part : 0;
-  const int tile_first = num_splits > 1 ? 0 : part, tile_step = num_splits > 1 ? 1 : kPvaMaxSplits;
+  const PvaCtaWork work = PvaWork(n_q, n_kv, part);
+  if (!work.active) return;  // CTA-uniform, before any barrier
+  const int num_splits = work.num_splits, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int32_t* pages = ix.kv_indices + ix.kv_indptr[r];
-  const int k_begin = split * chunk;
-  const int k_end = min(n_kv, k_begin + chunk);
   const int total_rows = n_q * G;
-  for (int row_base = tile_first * kPvaRowsPerTile; row_base < total_rows;
-       row_base += tile_step * kPvaRowsPerTile) {
+  for (int row_base = work.tile_first * kPvaRowsPerTile; row_base < total_rows;
+       row_base += work.tile_step * kPvaRowsPerTile) {
     const int tile_rows = min(kPvaRowsPerTile, total_rows - row_base);
     __syncthreads();  // the previous tile's readers of Qs are done
     for (int e = threadIdx.x; e < kPvaRowsPerTile * D; e += blockDim.x) {
@@ -258,7 +251,7 @@ cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DTy
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const dim3 grid(kPvaMaxSplits, static_cast<unsigned>(ix.Hkv), static_cast<unsigned>(R));
-  if constexpr (kMath == PvaMath::kCudaCores || sizeof(DType) != 2) {  // tensor cores: 16-bit inputs only
+  if constexpr (kMath == PvaMath::kCudaCores) {
     const size_t smem = sizeof(float) * (kPvaRowsPerTile * D + kPvaKeyTile * (2 * D + 1));
     err = cudaFuncSetAttribute(PvaSplitKernel<DType, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem));

@@ -19,6 +19,7 @@
 
 #include "dspark/kernels/mma.cuh"
 #include "dspark/kernels/paged_verify_attention_plan.cuh"
+#include "dspark/kernels/warp_reduce.cuh"
 #include "dspark/online_softmax.h"
 
 namespace dspark::kernels {
@@ -64,18 +65,13 @@ __global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
   const int G = ix.Hq / ix.Hkv;
   const int q_begin = ix.qo_indptr[r], n_q = ix.qo_indptr[r + 1] - q_begin;
   const int n_kv = PvaKvLen(ix, r);
-  const PvaSplit plan = PvaRequestSplit(n_q, n_kv);
-  const int num_splits = plan.count;
-  if (num_splits > 1 && part >= num_splits) return;  // CTA-uniform, before any barrier
-  const int split = num_splits > 1 ? part : 0;
-  const int tile_first = num_splits > 1 ? 0 : part, tile_step = num_splits > 1 ? 1 : kPvaMaxSplits;
+  const PvaCtaWork work = PvaWork(n_q, n_kv, part);
+  if (!work.active) return;  // CTA-uniform, before any barrier
+  const int num_splits = work.num_splits, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int32_t* pages = ix.kv_indices + ix.kv_indptr[r];
-  const int k_begin = split * plan.chunk;
-  const int k_end = min(n_kv, k_begin + plan.chunk);
   const int total_rows = n_q * G;
-
-  for (int row_base = tile_first * kPvaMmaRowsPerTile; row_base < total_rows;
-       row_base += tile_step * kPvaMmaRowsPerTile) {
+  for (int row_base = work.tile_first * kPvaMmaRowsPerTile; row_base < total_rows;
+       row_base += work.tile_step * kPvaMmaRowsPerTile) {
     const int tile_rows = min(kPvaMmaRowsPerTile, total_rows - row_base);
     // this lane's two fragment rows: warp rows g and g + 8
     int row_of[2], lim[2];
@@ -103,9 +99,7 @@ __global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
 #pragma unroll
     for (int nd = 0; nd < kNd; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
     // keys this warp's rows see at most (an integer max: order-free)
-    int warp_lim = max(lim[0], lim[1]);
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) warp_lim = max(warp_lim, __shfl_xor_sync(0xFFFFFFFFu, warp_lim, d));
+    const int warp_lim = WarpMax(max(lim[0], lim[1]));
     const int loop_end = min(k_end, PvaLimit(ix, n_q, n_kv, (row_base + tile_rows - 1) / G));
 
     for (int kt = k_begin; kt < loop_end; kt += kPvaMmaKeys) {

@@ -55,6 +55,32 @@ __host__ __device__ __forceinline__ PvaSplit PvaRequestSplit(int n_q, int n_kv) 
   return {(tiles + chunk_tiles - 1) / chunk_tiles, chunk_tiles * kPvaKeyTile};  // no empty range
 }
 
+// What CTA `part` of a request's kPvaMaxSplits CTAs (per KV head) does. A split request's CTA `part` takes
+// key range `part` for all its rows; an unsplit one's takes every key for row tiles part, part +
+// kPvaMaxSplits, ... (prefill rows spread over the CTAs: a row's sums do not depend on which CTA or tile
+// computes it). Shared by the CUDA-core and tensor-core kernels; `active` false: a CTA past a split request's
+// ranges.
+struct PvaCtaWork {
+  bool active;
+  int num_splits, split;      // the request's split count; this CTA's range (0 when unsplit)
+  int tile_first, tile_step;  // its row tiles: tile_first, tile_first + tile_step, ...
+  int k_begin, k_end;         // its keys
+};
+
+__device__ __forceinline__ PvaCtaWork PvaWork(int n_q, int n_kv, int part) {
+  const PvaSplit plan = PvaRequestSplit(n_q, n_kv);
+  const bool split = plan.count > 1;
+  PvaCtaWork w;
+  w.active = !split || part < plan.count;
+  w.num_splits = plan.count;
+  w.split = split ? part : 0;
+  w.tile_first = split ? 0 : part;
+  w.tile_step = split ? 1 : kPvaMaxSplits;
+  w.k_begin = w.split * plan.chunk;
+  w.k_end = min(n_kv, w.k_begin + plan.chunk);
+  return w;
+}
+
 // grid 1 block of 32 threads: base[r] = the first workspace row of request r = the query tokens of the
 // requests before it that may be split (n_q <= kPvaSplitMaxQueries), an exclusive warp scan in fixed order.
 // base [R] i32; the workspace holds min(T, kPvaSplitMaxQueries * R) rows.

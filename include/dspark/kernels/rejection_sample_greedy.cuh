@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "dspark/kernels/rejection_sample.cuh"
+#include "dspark/kernels/warp_reduce.cuh"
 
 namespace dspark::kernels {
 
@@ -32,15 +33,6 @@ __device__ __forceinline__ uint64_t GreedyPack(float v, int64_t id) {
 __device__ __forceinline__ int64_t GreedyId(uint64_t packed) {
   return static_cast<int64_t>(0xFFFFFFFFu - static_cast<uint32_t>(packed & 0xFFFFFFFFu));
 }
-__device__ __forceinline__ uint64_t WarpMaxU64(uint64_t v) {
-#pragma unroll
-  for (int h = 16; h > 0; h >>= 1) {
-    const uint64_t o = __shfl_xor_sync(0xFFFFFFFFu, v, h);
-    v = o > v ? o : v;
-  }
-  return v;
-}
-
 // grid (GreedyChunks(V), G + 1, R), block kGreedyThreads -> best [R, G + 1, chunks] u64 (rows < verify_len of
 // greedy requests only)
 template <typename TL>
@@ -72,12 +64,12 @@ __global__ void __launch_bounds__(kGreedyThreads)
     const uint64_t c = GreedyPack(v, j);
     mine = c > mine ? c : mine;
   }
-  mine = WarpMaxU64(mine);
+  mine = WarpMax(mine);
   if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = mine;
   __syncthreads();
   if (threadIdx.x < 32) {
     uint64_t v = threadIdx.x < kGreedyThreads / 32 ? warp_best[threadIdx.x] : 0;
-    v = WarpMaxU64(v);
+    v = WarpMax(v);
     if (threadIdx.x == 0) best[(r * (a.G + 1) + i) * chunks + chunk] = v;
   }
 }
@@ -96,7 +88,7 @@ __global__ void GreedyWalkKernel(RejectionParams a, const uint64_t* __restrict__
       const uint64_t o = best[(r * (a.G + 1) + i) * chunks + c];
       v = o > v ? o : v;
     }
-    const int64_t arg = GreedyId(WarpMaxU64(v));
+    const int64_t arg = GreedyId(WarpMax(v));
     if (threadIdx.x == 0) emit[i] = arg;
     if (i == n - 1 || arg != drafts[i]) break;  // warp-uniform
     ++n_acc;
