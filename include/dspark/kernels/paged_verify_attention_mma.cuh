@@ -63,13 +63,11 @@ __global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
   const int part = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int G = ix.Hq / ix.Hkv;
-  const int q_begin = ix.qo_indptr[r], n_q = ix.qo_indptr[r + 1] - q_begin;
-  const int n_kv = PvaKvLen(ix, r);
-  const PvaCtaWork work = PvaWork(n_q, n_kv, part);
+  const PvaCtaWork work = PvaWork(ix, r, part);
   if (!work.active) return;  // CTA-uniform, before any barrier
+  const int q_begin = work.q_begin, n_q = work.n_q, n_kv = work.n_kv, total_rows = work.total_rows;
   const int num_splits = work.num_splits, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
-  const int32_t* pages = ix.kv_indices + ix.kv_indptr[r];
-  const int total_rows = n_q * G;
+  const int32_t* pages = work.pages;
   for (int row_base = work.tile_first * kPvaMmaRowsPerTile; row_base < total_rows;
        row_base += work.tile_step * kPvaMmaRowsPerTile) {
     const int tile_rows = min(kPvaMmaRowsPerTile, total_rows - row_base);

@@ -55,29 +55,37 @@ __host__ __device__ __forceinline__ PvaSplit PvaRequestSplit(int n_q, int n_kv) 
   return {(tiles + chunk_tiles - 1) / chunk_tiles, chunk_tiles * kPvaKeyTile};  // no empty range
 }
 
-// What CTA `part` of a request's kPvaMaxSplits CTAs (per KV head) does. A split request's CTA `part` takes
+// What CTA `part` of request r's kPvaMaxSplits CTAs (per KV head) does. A split request's CTA `part` takes
 // key range `part` for all its rows; an unsplit one's takes every key for row tiles part, part +
 // kPvaMaxSplits, ... (prefill rows spread over the CTAs: a row's sums do not depend on which CTA or tile
 // computes it). Shared by the CUDA-core and tensor-core kernels; `active` false: a CTA past a split request's
 // ranges.
 struct PvaCtaWork {
   bool active;
-  int num_splits, split;      // the request's split count; this CTA's range (0 when unsplit)
-  int tile_first, tile_step;  // its row tiles: tile_first, tile_first + tile_step, ...
-  int k_begin, k_end;         // its keys
+  int q_begin, n_q, n_kv;     // the request's first query row, its query tokens and keys
+  int total_rows;             // its query rows: n_q tokens x G heads of the GQA group
+  const int32_t* pages;       // its pages
+  int num_splits, split;      // its split count; this CTA's range (0 when unsplit)
+  int tile_first, tile_step;  // this CTA's row tiles: tile_first, tile_first + tile_step, ...
+  int k_begin, k_end;         // this CTA's keys
 };
 
-__device__ __forceinline__ PvaCtaWork PvaWork(int n_q, int n_kv, int part) {
-  const PvaSplit plan = PvaRequestSplit(n_q, n_kv);
-  const bool split = plan.count > 1;
+__device__ __forceinline__ PvaCtaWork PvaWork(const PvaIndex& ix, int r, int part) {
   PvaCtaWork w;
+  w.q_begin = ix.qo_indptr[r];
+  w.n_q = ix.qo_indptr[r + 1] - w.q_begin;
+  w.n_kv = PvaKvLen(ix, r);
+  w.total_rows = w.n_q * (ix.Hq / ix.Hkv);
+  w.pages = ix.kv_indices + ix.kv_indptr[r];
+  const PvaSplit plan = PvaRequestSplit(w.n_q, w.n_kv);
+  const bool split = plan.count > 1;
   w.active = !split || part < plan.count;
   w.num_splits = plan.count;
   w.split = split ? part : 0;
   w.tile_first = split ? 0 : part;
   w.tile_step = split ? 1 : kPvaMaxSplits;
   w.k_begin = w.split * plan.chunk;
-  w.k_end = min(n_kv, w.k_begin + plan.chunk);
+  w.k_end = min(w.n_kv, w.k_begin + plan.chunk);
   return w;
 }
 
