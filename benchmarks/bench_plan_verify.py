@@ -25,7 +25,7 @@ GAMMA = 7
 def main() -> None:
     args = parse_args(__doc__)
     budget = 0.05 if args.quick else 0.5
-    rs = [1, 8, 64] if args.quick else [1, 8, 64, 256]
+    rs = [1, 8, 64] if args.quick else [1, 8, 64, 256, 1024]  # 1024 x 7: past one CTA
     modes = (
         ["early_stop", "lagged_topk"] if args.quick else ["full", "threshold", "early_stop", "lagged_topk"]
     )

@@ -26,8 +26,6 @@ std::tuple<at::Tensor, at::Tensor> plan_verify_cuda(const at::Tensor& survival,
   TORCH_CHECK_VALUE(!std::isnan(threshold), "dspark::plan_verify: threshold is NaN");
   const c10::cuda::CUDAGuard guard(survival.device());
   const int64_t R = survival.size(0), G = survival.size(1);
-  TORCH_CHECK_VALUE(R * G < 0x7FFFFFFF, "dspark::plan_verify: R * gamma must be < 2^31 on CUDA, got ", R,
-                    " * ", G);
   const auto s = survival.contiguous();
   const bool lagged_mode = mode == kPlanLaggedTopK;
   const at::Tensor lag = lagged_mode ? lagged_survival->contiguous() : at::Tensor();
@@ -36,8 +34,9 @@ std::tuple<at::Tensor, at::Tensor> plan_verify_cuda(const at::Tensor& survival,
 
   auto verify_len = at::empty({R}, s.options().dtype(at::kInt));
   auto budget = at::empty({}, s.options().dtype(at::kLong));
-  // Workspace of the ranked modes: per-candidate rank of this round, survivals in planner order.
-  const bool ranked = mode == kPlanEarlyStop || lagged_mode;
+  // Workspace of the ranked modes past one CTA's shared memory: per-candidate rank of this round, survivals
+  // in planner order.
+  const bool ranked = (mode == kPlanEarlyStop || lagged_mode) && R * G > kernels::kPlanOneBlockSlots;
   at::Tensor rank, sorted, sorted_lagged;
   if (ranked) {
     rank = at::empty({R * G}, s.options().dtype(at::kInt));

@@ -64,6 +64,17 @@ DSPARK_HD uint32_t float_as_bits(float x) {
   return v.u;
 #endif
 }
+DSPARK_HD uint64_t double_as_bits(double x) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(x));
+#else
+  union {
+    double d;
+    uint64_t u;
+  } v{x};
+  return v.u;
+#endif
+}
 DSPARK_HD float bits_as_float(uint32_t x) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(x);

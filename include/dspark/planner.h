@@ -9,6 +9,10 @@
 // Throughput of a plan: Theta = tau * SPS(B) with B = R + admitted and tau = R + sum of admitted survivals.
 // SPS(B) is priced at the ceiling probe (the smallest profiled B' >= B: a forward of B tokens runs at least
 // as slowly as the next tier up); past the last probe it keeps the last probe's tokens/s (rate * B_last / B).
+//
+// tau is summed in fixed point, each survival rounded down to a multiple of 2^-32 (survival_fixed): integer
+// prefix sums are exact in any order, so a parallel scan (the CUDA kernel) gives the bits of the sequential
+// walk (the CPU op), and Theta_i depends on i's prefix alone. Rounding costs < 2^-32 of tau per candidate.
 #pragma once
 #include "dspark/macros.h"
 
@@ -38,33 +42,56 @@ DSPARK_HD bool candidate_precedes(float a1, int32_t j1, int32_t r1, float a2, in
   return r1 < r2;
 }
 
+// Survival a in [0, 1] in units of 2^-32, rounded down: a * 2^32 is exact in fp64, the cast truncates.
+DSPARK_HD int64_t survival_fixed(float a) {
+  return static_cast<int64_t>(mul_rn(static_cast<double>(a), 4294967296.0));
+}
+
+// tau of R requests with no drafts admitted, in units of 2^-32.
+DSPARK_HD int64_t tau_fixed_of_anchors(int64_t num_requests) { return num_requests * 4294967296LL; }
+
+// Theta = tau * SPS(B) for tau in units of 2^-32 (the int64 -> fp64 conversion rounds to nearest; the
+// power-of-two scaling is exact).
+DSPARK_HD double plan_theta(int64_t tau_fixed, int64_t batch_tokens, const int64_t* tokens, const double* rate,
+                            int64_t n_probes) {
+  const double tau = mul_rn(static_cast<double>(tau_fixed), 0x1p-32);
+  return mul_rn(tau, sps_ceil(tokens, rate, n_probes, batch_tokens));
+}
+
+// True when admitting candidate i (0-based, in order) does not strictly improve Theta over admitting the
+// first i: Algorithm 1 stops at the first such i. tau_fixed_after = tau with candidates 0..i admitted and
+// value_fixed = candidate i's survival_fixed, so the test reads i's prefix alone (a parallel scan's output).
+DSPARK_HD bool admission_stops(int64_t tau_fixed_after, int64_t value_fixed, int64_t i, int64_t num_requests,
+                               const int64_t* tokens, const double* rate, int64_t n_probes) {
+  const double before = plan_theta(tau_fixed_after - value_fixed, num_requests + i, tokens, rate, n_probes);
+  const double after = plan_theta(tau_fixed_after, num_requests + i + 1, tokens, rate, n_probes);
+  return !(after > before);
+}
+
 // Algorithm 1 (paper, p. 8) on an ordered candidate list: admit while Theta strictly improves, stop at the
-// first non-improvement. Returns how many leading candidates are admitted.
+// first non-improvement. Returns how many leading candidates are admitted. (Every admitted candidate
+// improved on the one before, so the best Theta so far is always the previous one's.)
 DSPARK_HD int64_t early_stop_admit(const float* sorted_survival, int64_t n, int64_t num_requests,
                                    const int64_t* tokens, const double* rate, int64_t n_probes) {
-  double tau = static_cast<double>(num_requests);
-  double best = mul_rn(tau, sps_ceil(tokens, rate, n_probes, num_requests));
-  int64_t admitted = 0;
+  int64_t tau = tau_fixed_of_anchors(num_requests);
   for (int64_t i = 0; i < n; ++i) {
-    tau = add_rn(tau, static_cast<double>(sorted_survival[i]));
-    const double theta = mul_rn(tau, sps_ceil(tokens, rate, n_probes, num_requests + i + 1));
-    if (!(theta > best)) break;
-    best = theta;
-    admitted = i + 1;
+    const int64_t v = survival_fixed(sorted_survival[i]);
+    tau += v;
+    if (admission_stops(tau, v, i, num_requests, tokens, rate, n_probes)) return i;
   }
-  return admitted;
+  return n;
 }
 
 // Budget K for lagged top-K: the first argmax of Theta over the whole ordered list (no early stop). Exact
 // only because the survivals it reads come from an earlier round, independent of this round's draws.
 DSPARK_HD int64_t argmax_budget(const float* sorted_survival, int64_t n, int64_t num_requests,
                                 const int64_t* tokens, const double* rate, int64_t n_probes) {
-  double tau = static_cast<double>(num_requests);
-  double best = mul_rn(tau, sps_ceil(tokens, rate, n_probes, num_requests));
+  int64_t tau = tau_fixed_of_anchors(num_requests);
+  double best = plan_theta(tau, num_requests, tokens, rate, n_probes);
   int64_t budget = 0;
   for (int64_t i = 0; i < n; ++i) {
-    tau = add_rn(tau, static_cast<double>(sorted_survival[i]));
-    const double theta = mul_rn(tau, sps_ceil(tokens, rate, n_probes, num_requests + i + 1));
+    tau += survival_fixed(sorted_survival[i]);
+    const double theta = plan_theta(tau, num_requests + i + 1, tokens, rate, n_probes);
     if (theta > best) {
       best = theta;
       budget = i + 1;

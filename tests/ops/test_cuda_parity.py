@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dspark
+from tests.ops.cuda_switches import kernel_names
 from tests.ops.samples import confidence_inputs, sps_table, survival_batch
 
 pytestmark = [
@@ -79,7 +80,9 @@ def test_philox_draw_non_contiguous_and_empty():
 # --- plan_verify ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("R", [1, 3, 64, 256])
+# R * gamma up to 4,096 runs in one CTA (sort, scan and admit in shared memory); 1000 x 7 and 1000 x 15 take
+# the two-kernel path (rank, then the sequential walk).
+@pytest.mark.parametrize("R", [1, 3, 64, 256, 1000])
 @pytest.mark.parametrize("gamma", [1, 4, 7, 15])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("sps_kind", ["decaying", "jagged", "flat", "steep"])
@@ -102,7 +105,7 @@ def test_plan_verify_ties_and_quantised_survival(mode):
     # survivals from a handful of confidence values: many exact ties across requests and positions
     g = torch.Generator().manual_seed(11)
     levels = torch.tensor([0.0, 0.5, 0.75, 1.0])
-    for R, gamma in [(4, 3), (37, 5), (200, 8)]:
+    for R, gamma in [(4, 3), (37, 5), (200, 8), (512, 8), (600, 8)]:
         conf = levels[torch.randint(0, 4, (R, gamma), generator=g)]
         surv = torch.cumprod(conf, dim=1)
         lagged = torch.cumprod(levels[torch.randint(1, 4, (R, gamma), generator=g)], dim=1)
@@ -118,6 +121,24 @@ def test_plan_verify_ties_and_quantised_survival(mode):
     tokens, rate = torch.tensor([1, 100]), torch.tensor([10.0, 10.0], dtype=torch.float64)
     vl, k = dspark.ops.plan_verify(*_cuda(surv, tokens, rate), "lagged_topk", lagged.to(CUDA))
     assert int(k) == 2 and vl.cpu().tolist() == [2, 2, 1, 1]
+
+
+@pytest.mark.parametrize("mode", ["early_stop", "lagged_topk"])
+@pytest.mark.parametrize(
+    ("R", "gamma", "kernel"),
+    [(1, 7, "PlanOneBlock"), (256, 15, "PlanOneBlock"), (512, 8, "PlanOneBlock"), (513, 8, "PlanRank")],
+)
+def test_plan_verify_kernel_by_batch_size(mode, R, gamma, kernel):
+    surv, lagged = survival_batch(R, gamma, seed=R), survival_batch(R, gamma, seed=R + 1)
+    tokens, rate = sps_table("jagged", seed=R)
+    args = (*_cuda(surv, tokens, rate), mode, lagged.to(CUDA))
+    names = kernel_names(lambda: dspark.ops.plan_verify(*args))
+    assert kernel in names, names
+    if kernel == "PlanOneBlock":
+        assert "PlanRank" not in names and "PlanFinalize" not in names, names
+    cpu = dspark.ops.plan_verify(surv, tokens, rate, mode, lagged)
+    gpu = dspark.ops.plan_verify(*args)
+    assert torch.equal(gpu[0].cpu(), cpu[0]) and torch.equal(gpu[1].cpu(), cpu[1])
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -54,6 +54,18 @@ def test_sps_ceiling_pricing():
     assert vl.tolist() == [4]
 
 
+@pytest.mark.parametrize("mode", ["early_stop", "lagged_topk"])
+def test_tau_is_summed_in_units_of_two_to_the_minus_32(mode):
+    # Under a flat table any a > 0 raises Theta in fp64, but tau is summed in fixed point (exact, order-free
+    # on every device): a survival below 2^-32 adds nothing, so Theta does not strictly improve.
+    tokens, rate = torch.tensor([1, 100]), torch.tensor([10.0, 10.0], dtype=torch.float64)
+    tiny = torch.tensor([[2.0**-33, 2.0**-34], [0.5, 2.0**-40]])
+    vl, k = dspark.ops.plan_verify(tiny, tokens, rate, mode, tiny)
+    assert vl.tolist() == [1, 2] and int(k) == 1
+    just = torch.tensor([[2.0**-32, 0.0]])  # exactly one unit: admitted
+    assert dspark.ops.plan_verify(just, tokens, rate, mode, just)[0].tolist() == [2]
+
+
 def test_opcheck():
     surv = survival_batch(5, 4, seed=1)
     tokens, rate = sps_table("decaying")

@@ -15,6 +15,19 @@ def sps_ceil_ref(tokens: list[int], rate: list[float], batch_tokens: int) -> flo
     return rate[-1] * tokens[-1] / batch_tokens
 
 
+FIXED_ONE = 2**32  # tau is summed in units of 2^-32: exact integer sums, the same in any order
+
+
+def survival_fixed(a: float) -> int:
+    """Survival ``a`` in [0, 1] rounded down to a multiple of 2^-32 (``a * 2**32`` is exact for a float32)."""
+    return int(a * FIXED_ONE)
+
+
+def theta_ref(tau_fixed: int, tokens: list[int], rate: list[float], batch_tokens: int) -> float:
+    """Θ = τ · SPS(B) for τ in units of 2^-32 (int -> float rounds to nearest; the scaling is exact)."""
+    return float(tau_fixed) / FIXED_ONE * sps_ceil_ref(tokens, rate, batch_tokens)
+
+
 def _candidates(survival: list[list[float]]) -> list[tuple[float, int, int]]:
     """(a, j, r) for every a > 0, in the planner's order: a desc, j asc, r asc."""
     cands = [(a, j, r) for r, row in enumerate(survival) for j, a in enumerate(row) if a > 0]
@@ -27,13 +40,13 @@ def _algorithm1(survival: list[list[float]], tokens: list[int], rate: list[float
     lengths = [0] * R
     best_lengths = [0] * R
     B = R
-    tau = float(R)
-    theta_best = tau * sps_ceil_ref(tokens, rate, B)
+    tau = R * FIXED_ONE
+    theta_best = theta_ref(tau, tokens, rate, B)
     for a, j, r in _candidates(survival):
         lengths[r] = j + 1
         B += 1
-        tau += a
-        theta = tau * sps_ceil_ref(tokens, rate, B)
+        tau += survival_fixed(a)
+        theta = theta_ref(tau, tokens, rate, B)
         if theta > theta_best:
             theta_best = theta
             best_lengths = list(lengths)
@@ -44,11 +57,11 @@ def _algorithm1(survival: list[list[float]], tokens: list[int], rate: list[float
 
 def _argmax_budget(survival: list[list[float]], tokens: list[int], rate: list[float]) -> int:
     R = len(survival)
-    tau = float(R)
-    best, budget = tau * sps_ceil_ref(tokens, rate, R), 0
+    tau = R * FIXED_ONE
+    best, budget = theta_ref(tau, tokens, rate, R), 0
     for k, (a, _, _) in enumerate(_candidates(survival), start=1):
-        tau += a
-        theta = tau * sps_ceil_ref(tokens, rate, R + k)
+        tau += survival_fixed(a)
+        theta = theta_ref(tau, tokens, rate, R + k)
         if theta > best:
             best, budget = theta, k
     return budget
