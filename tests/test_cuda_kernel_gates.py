@@ -86,3 +86,12 @@ def test_tensor_core_gate_needs_an_mma_in_every_claimed_kernel():
         f"RejectionSampleKernel: no HMMA/HGMMA in {REJECT}",
         "MissingKernel: not found in the SASS",
     ]
+
+
+def test_async_copy_gate_needs_an_ldgsts_in_every_claimed_kernel():
+    with_copy = gates.sass_functions(sass_dump("LDGSTS.E.BYPASS.128 [R4], desc[UR4][R2.64]"))
+    assert gates.async_copy_failures(with_copy, ("PvaSplitKernel",)) == []
+    mma_only = gates.sass_functions(sass_dump("HMMA.16816.F32.BF16 R4, R8, R12, R4"))
+    assert gates.async_copy_failures(mma_only, ("PvaSplitKernel",)) == [
+        f"PvaSplitKernel: no LDGSTS/UTMALDG in {SPLIT}"
+    ]

@@ -6,7 +6,8 @@
    with a known frame may be listed in :data:`STACK_ALLOWED` with its size (none is): the gate then fails if
    the frame grows or appears anywhere else.
 2. **Tensor-core instructions** (``HMMA`` / ``HGMMA`` in ``cuobjdump -sass``) in every kernel listed in
-   :data:`TENSOR_CORE_KERNELS`, the ops that claim tensor cores.
+   :data:`TENSOR_CORE_KERNELS`, the ops that claim tensor cores, and **asynchronous copies** (``LDGSTS`` /
+   ``UTMALDG``) in every kernel listed in :data:`ASYNC_COPY_KERNELS`.
 
     python tools/cuda_kernel_gates.py path/to/_C.cpython-311-x86_64-linux-gnu.so [--cuobjdump PATH]
 """
@@ -34,6 +35,11 @@ TENSOR_CORE_KERNELS: tuple[str, ...] = (
 )
 
 TENSOR_CORE_OPCODES = re.compile(r"\b(HMMA|HGMMA|IMMA|QGMMA)\b")
+
+# kernels that claim asynchronous global -> shared copies (cp.async or TMA)
+ASYNC_COPY_KERNELS: tuple[str, ...] = ("PvaMmaKernel",)  # double-buffered K / V tiles
+
+ASYNC_COPY_OPCODES = re.compile(r"\b(LDGSTS|UTMALDG)\b")
 
 
 @dataclass(frozen=True)
@@ -99,17 +105,28 @@ def sass_functions(text: str) -> dict[str, str]:
     return {k: "\n".join(v) for k, v in funcs.items()}
 
 
-def tensor_core_failures(sass: dict[str, str], claimed: tuple[str, ...] = TENSOR_CORE_KERNELS) -> list[str]:
-    """A line per claimed kernel that is missing or has no tensor-core instruction in some compiled copy."""
+def tensor_core_failures(
+    sass: dict[str, str],
+    claimed: tuple[str, ...] = TENSOR_CORE_KERNELS,
+    opcodes: re.Pattern = TENSOR_CORE_OPCODES,
+    what: str = "HMMA/HGMMA",
+) -> list[str]:
+    """A line per claimed kernel that is missing or lacks ``opcodes`` (default: a tensor-core instruction) in
+    some compiled copy."""
     bad = []
     for kernel in claimed:
         copies = {n: s for n, s in sass.items() if Usage(n, "", 0, 0, 0).kernel == kernel}
         if not copies:
             bad.append(f"{kernel}: not found in the SASS")
         for name, code in copies.items():
-            if not TENSOR_CORE_OPCODES.search(code):
-                bad.append(f"{kernel}: no HMMA/HGMMA in {name}")
+            if not opcodes.search(code):
+                bad.append(f"{kernel}: no {what} in {name}")
     return bad
+
+
+def async_copy_failures(sass: dict[str, str], claimed: tuple[str, ...] = ASYNC_COPY_KERNELS) -> list[str]:
+    """A line per kernel that claims asynchronous copies and is missing or has none in some compiled copy."""
+    return tensor_core_failures(sass, claimed, ASYNC_COPY_OPCODES, "LDGSTS/UTMALDG")
 
 
 def run(cmd: list[str]) -> str:
@@ -135,14 +152,16 @@ def main(argv: list[str] | None = None) -> int:
     if not usages:
         sys.exit(f"cuda_kernel_gates: no dspark kernel in {args.library} (built without CUDA?)")
     failures = stack_failures(usages)
-    if TENSOR_CORE_KERNELS:
-        failures += tensor_core_failures(sass_functions(run([tool, "-sass", str(args.library)])))
+    if TENSOR_CORE_KERNELS or ASYNC_COPY_KERNELS:
+        sass = sass_functions(run([tool, "-sass", str(args.library)]))
+        failures += tensor_core_failures(sass) + async_copy_failures(sass)
     kernels = sorted({u.kernel for u in usages})
     archs = sorted({u.arch for u in usages})
     print(
         f"cuda_kernel_gates: {len(usages)} compiled kernels ({len(kernels)} names, {', '.join(archs)}); "
         f"most registers {max(u.registers for u in usages)}; tensor-core claims: "
-        f"{', '.join(TENSOR_CORE_KERNELS) or 'none'}"
+        f"{', '.join(TENSOR_CORE_KERNELS) or 'none'}; asynchronous-copy claims: "
+        f"{', '.join(ASYNC_COPY_KERNELS) or 'none'}"
     )
     for line in failures:
         print("FAIL", line)

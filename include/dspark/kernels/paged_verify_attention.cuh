@@ -257,8 +257,11 @@ cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DTy
     PvaSplitKernel<DType, D>
         <<<grid, kPvaWarps * 32, smem, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, W);
   } else {
-    PvaMmaKernel<DType, D, kMath == PvaMath::kTensorCoresBf16>
-        <<<grid, kPvaMmaWarps * 32, 0, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, W);
+    constexpr size_t smem = PvaMmaSmemBytes(D);
+    auto* kernel = PvaMmaKernel<DType, D, kMath == PvaMath::kTensorCoresBf16>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    kernel<<<grid, kPvaMmaWarps * 32, smem, stream>>>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, W);
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;

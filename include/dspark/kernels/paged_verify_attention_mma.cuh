@@ -7,8 +7,9 @@
 // of a split request, or row tiles part, part + kPvaMaxSplits, ... of an unsplit one. A row tile is 64 rows
 // of the request's GQA group (n_q tokens x G heads); each of the 4 warps owns 16 rows and keeps their Q
 // fragments in registers. Per 64-key tile the CTA copies K and V from the pages into shared memory with
-// 16-byte loads (rows padded by 8 elements, so a warp's fragment reads of K hit 32 distinct banks and its
-// 16-bit gathers of V's columns share a word between at most 2 lanes); each warp computes S = Q K^T on tensor
+// asynchronous 16-byte copies, double-buffered (tile t + 1 is in flight while tile t is computed on; rows
+// padded by 8 elements, so a warp's fragment reads of K hit 32 distinct banks and its 16-bit gathers of V's
+// columns share a word between at most 2 lanes); each warp computes S = Q K^T on tensor
 // cores (fp32 accumulators), masks, scales and folds S into its rows' online-softmax state (max and sum
 // reduced over the 4 lanes that share a row, in a fixed butterfly order), rounds P to the input type and
 // accumulates O += P V on tensor cores.
@@ -17,6 +18,7 @@
 
 #include <cstdint>
 
+#include "dspark/kernels/async_copy.cuh"
 #include "dspark/kernels/mma.cuh"
 #include "dspark/kernels/paged_verify_attention_plan.cuh"
 #include "dspark/kernels/warp_reduce.cuh"
@@ -29,6 +31,12 @@ constexpr int kPvaMmaRowsPerTile = kPvaMmaWarps * 16;
 constexpr int kPvaMmaKeys = 64;  // keys per K/V tile
 constexpr int kPvaMmaPad = 8;    // elements of padding per shared-memory row
 
+// Dynamic shared memory of PvaMmaKernel<D>: 2 buffers x (K, V) x 64 keys x (D + 8) 16-bit elements
+// (36 KiB at D = 64, 68 KiB at D = 128: past the 48 KiB default, so the launcher raises the limit).
+constexpr size_t PvaMmaSmemBytes(int D) {
+  return 2u * 2u * kPvaMmaKeys * static_cast<size_t>(D + kPvaMmaPad) * sizeof(uint16_t);
+}
+
 // Max and sum over the 4 lanes that hold one fragment row (lanes 4g .. 4g + 3).
 __device__ __forceinline__ float QuadMax(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
@@ -39,7 +47,7 @@ __device__ __forceinline__ float QuadSum(float v) {
   return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
 }
 
-// grid (kPvaMaxSplits, Hkv, R); block kPvaMmaWarps * 32; static smem 2 x 64 x (D + 8) 16-bit elements. q [T,
+// grid (kPvaMaxSplits, Hkv, R); block kPvaMmaWarps * 32; dynamic smem PvaMmaSmemBytes(D). q [T,
 // Hq, D], caches [pages, page_size, Hkv, D] (16-byte aligned) -> out [T, Hq, D] (a request with one split) or
 // ws_o [kPvaMaxSplits, W, Hq, D] f32 + ws_m, ws_l [kPvaMaxSplits, W, Hq] f32 at rows base[r] + token, exactly
 // as PvaSplitKernel. (Launch bounds of 2 CTAs per SM: without a minimum, ptxas capped head_dim 64 at 128
@@ -54,8 +62,8 @@ __global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
   constexpr int kNd = D / 8;      // 8-column blocks of O
   constexpr int kChunks = D / 8;  // 16-byte chunks per key row
   constexpr int kStride = D + kPvaMmaPad;
-  __shared__ __align__(16) uint16_t Ks[kPvaMmaKeys * kStride];  // [key][d]
-  __shared__ __align__(16) uint16_t Vs[kPvaMmaKeys * kStride];  // [key][d]
+  constexpr int kTile = kPvaMmaKeys * kStride;  // one [key][d] tile
+  extern __shared__ __align__(16) uint16_t s_kv[];  // [buffer][K, V][key][d]
   const uint16_t* q = reinterpret_cast<const uint16_t*>(q_);
   const uint16_t* kc = reinterpret_cast<const uint16_t*>(kc_);
   const uint16_t* vc = reinterpret_cast<const uint16_t*>(vc_);
@@ -100,23 +108,39 @@ __global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
     const int warp_lim = WarpMax(max(lim[0], lim[1]));
     const int loop_end = min(k_end, PvaLimit(ix, n_q, n_kv, (row_base + tile_rows - 1) / G));
 
-    for (int kt = k_begin; kt < loop_end; kt += kPvaMmaKeys) {
-      __syncthreads();  // the previous K/V tile has been read
+    // Issues the copies of the K / V tile at key kt into buffer b (zeros past the range: a masked key's V
+    // must not be NaN, 0 x NaN in P V) and closes their group.
+    auto load_tile = [&](int kt, int b) {
       for (int e = threadIdx.x; e < kPvaMmaKeys * kChunks; e += blockDim.x) {
         const int j = e / kChunks, c = e % kChunks, key = kt + j;
-        uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = make_uint4(0u, 0u, 0u, 0u);
-        if (key < loop_end) {  // zeros past the range: a masked key's V must not be NaN (0 x NaN in P V)
+        const bool in_range = key < loop_end;
+        int64_t off = 0;
+        if (in_range) {
           const int64_t slot =
               static_cast<int64_t>(pages[key / ix.page_size]) * ix.page_size + key % ix.page_size;
-          const int64_t off = (slot * ix.Hkv + kvh) * D + c * 8;
-          kv = *reinterpret_cast<const uint4*>(kc + off);
-          vv = *reinterpret_cast<const uint4*>(vc + off);
+          off = (slot * ix.Hkv + kvh) * D + c * 8;
         }
-        *reinterpret_cast<uint4*>(Ks + j * kStride + c * 8) = kv;
-        *reinterpret_cast<uint4*>(Vs + j * kStride + c * 8) = vv;
+        CpAsync16(s_kv + (2 * b) * kTile + j * kStride + c * 8, kc + off, in_range);
+        CpAsync16(s_kv + (2 * b + 1) * kTile + j * kStride + c * 8, vc + off, in_range);
       }
-      __syncthreads();
+      CpAsyncCommit();
+    };
+    __syncthreads();  // the previous row tile's last K/V tile has been read
+    if (k_begin < loop_end) load_tile(k_begin, 0);
+
+    int buf = 0;
+    for (int kt = k_begin; kt < loop_end; kt += kPvaMmaKeys, buf ^= 1) {
+      __syncthreads();  // buffer buf ^ 1 (read in the previous step) is free
+      if (kt + kPvaMmaKeys < loop_end) {
+        load_tile(kt + kPvaMmaKeys, buf ^ 1);
+      } else {
+        CpAsyncCommit();  // an empty group, so "all but the newest group" is always this tile's
+      }
+      CpAsyncWait<1>();
+      __syncthreads();  // every thread's copies of this tile have landed
       if (kt >= warp_lim) continue;  // warp-uniform: every row of this warp has seen all its keys
+      const uint16_t* Ks = s_kv + (2 * buf) * kTile;
+      const uint16_t* Vs = s_kv + (2 * buf + 1) * kTile;
 
       // S = Q K^T: 8 blocks of 8 keys, fp32
       float s[kPvaMmaKeys / 8][4];
