@@ -30,7 +30,8 @@ inline void check_plan_verify_meta(const at::Tensor& survival, const c10::option
                     survival.sizes());
   // tau = R + admitted survivals is an int64 in units of 2^-32 (planner.h): R * (gamma + 1) < 2^31 bounds it.
   TORCH_CHECK_VALUE(survival.size(0) * (survival.size(1) + 1) < (int64_t{1} << 31),
-                    "dspark::plan_verify: survival must have R * (gamma + 1) < 2^31, got shape ", survival.sizes());
+                    "dspark::plan_verify: survival must have R * (gamma + 1) < 2^31, got shape ",
+                    survival.sizes());
   if (mode == kPlanLaggedTopK) {
     TORCH_CHECK_VALUE(lagged.has_value(),
                       "dspark::plan_verify: mode 'lagged_topk' needs lagged_survival (the "

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA rejection_sample (kernels: include/dspark/kernels/rejection_sample.cuh, rejection_sample_greedy.cuh).
+// CUDA rejection_sample (kernels: include/dspark/kernels/rejection_sample.cuh, rejection_sample_greedy.cuh,
+// rejection_sample_split.cuh).
 // Value checks that read data (verify_len range, qo_indptr consistency, temperatures, token ranges, NaN
 // logits) are CPU-only: on CUDA they would sync with the host; the kernel trusts them.
 #include <ATen/ATen.h>
@@ -9,15 +10,15 @@
 
 #include "checks/rejection_sample.h"
 #include "cuda/tensor_cores.h"
-#include "dspark/kernels/rejection_sample_greedy.cuh"
+#include "dspark/kernels/rejection_sample_split.cuh"
 
 namespace dspark {
 namespace {
 
 // The one-block-per-request kernel alone when DSPARK_CUDA_REJECTION_SPLIT=0 (read per call, for
-// comparisons); otherwise greedy requests take the vocabulary-split kernels and the others one block per
-// verify row, where the grids fit and the per-row workspace stays under 256 MiB. Every choice gives the same
-// tokens.
+// comparisons); otherwise greedy requests take the vocabulary-split greedy kernels and, where the grids fit
+// and the per-row workspace stays under 256 MiB, the sampled requests one block per verify row — or, in a
+// call without top_k / top_p, the vocabulary-split sampled kernels. Every choice gives the same tokens.
 bool split_greedy(int64_t R, int64_t G, int64_t V) {
   return R <= 65535 && G + 1 <= 65535 && V < (int64_t{1} << 32);
 }
@@ -25,13 +26,39 @@ bool split_rows(int64_t R, int64_t G, int64_t V) {
   return R <= 65535 && 2 * R * (G + 1) * V * 4 <= (int64_t{256} << 20);
 }
 
+// Buffers of the vocabulary-split sampled kernels (kernels::SampledWork), kept alive for the call.
+struct SampledBuffers {
+  at::Tensor chunk_max, sums, stop, best;
+  kernels::SampledWork work{};
+};
+
+SampledBuffers sampled_buffers(int64_t R, int64_t G, int64_t V, const at::TensorOptions& o) {
+  SampledBuffers b;
+  b.work.chunks = kernels::SampledChunks(V);
+  b.chunk_max = at::empty({R, G + 1, b.work.chunks, 2}, o.dtype(at::kInt));
+  b.sums = at::empty({R, G + 1, 2}, o.dtype(at::kFloat));
+  b.stop = at::empty({R, 2}, o.dtype(at::kInt));
+  b.best = at::empty({R, 2}, o.dtype(at::kLong));
+  b.work.chunk_max = reinterpret_cast<uint32_t*>(b.chunk_max.data_ptr<int32_t>());
+  b.work.sums = b.sums.data_ptr<float>();
+  b.work.stop = b.stop.data_ptr<int32_t>();
+  b.work.best = reinterpret_cast<uint64_t*>(b.best.data_ptr<int64_t>());
+  return b;
+}
+
+// best defined: greedy requests to the greedy split kernels; sampled non-null: the sampled requests to the
+// sampled split kernels (a call without top_k / top_p), else to the row kernels.
 template <typename TL>
 cudaError_t launch(const TL* target, kernels::RejectionParams& p, int64_t R, const at::Tensor& best,
-                   const at::Tensor& row_token, const at::Tensor& row_accepted, cudaStream_t stream) {
+                   const kernels::SampledWork* sampled, const at::Tensor& row_token,
+                   const at::Tensor& row_accepted, cudaStream_t stream) {
   p.greedy_elsewhere = best.defined();
-  cudaError_t status = kernels::RejectionSample<TL>(
-      target, p, R, stream, row_token.defined() ? row_token.data_ptr<int64_t>() : nullptr,
-      row_accepted.defined() ? row_accepted.data_ptr<bool>() : nullptr);
+  const cudaError_t status =
+      sampled != nullptr
+          ? kernels::RejectionSampleSampledSplit<TL>(target, p, R, *sampled, stream)
+          : kernels::RejectionSample<TL>(target, p, R, stream,
+                                         row_token.defined() ? row_token.data_ptr<int64_t>() : nullptr,
+                                         row_accepted.defined() ? row_accepted.data_ptr<bool>() : nullptr);
   if (status != cudaSuccess || !best.defined()) return status;
   return kernels::RejectionSampleGreedy<TL>(target, p, R,
                                             reinterpret_cast<uint64_t*>(best.data_ptr<int64_t>()), stream);
@@ -102,17 +129,22 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor best;  // [R, g + 1, chunks] packed (value, id) maxima of the greedy rows
   if (split && split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::GreedyChunks(V)}, dt.options());
+  // a call without top-k / top-p: sampled rows over the vocabulary, in the row kernels' workspace (ws)
+  SampledBuffers sampled;
+  const bool split_sampled = rows && split_greedy(R, G, V) && !tk.defined() && !tp.defined();
+  if (split_sampled) sampled = sampled_buffers(R, G, V, dt.options());
+  const kernels::SampledWork* sw = split_sampled ? &sampled.work : nullptr;
   cudaError_t status;
   switch (tl.scalar_type()) {
     case at::kFloat:
-      status = launch<float>(tl.data_ptr<float>(), p, R, best, row_token, row_accepted, stream);
+      status = launch<float>(tl.data_ptr<float>(), p, R, best, sw, row_token, row_accepted, stream);
       break;
     case at::kBFloat16:
-      status = launch<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, best,
+      status = launch<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, best, sw,
                                      row_token, row_accepted, stream);
       break;
     default:
-      status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, best, row_token,
+      status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, best, sw, row_token,
                               row_accepted, stream);
   }
   TORCH_CHECK(status == cudaSuccess,

@@ -52,8 +52,8 @@ DSPARK_HD int64_t tau_fixed_of_anchors(int64_t num_requests) { return num_reques
 
 // Theta = tau * SPS(B) for tau in units of 2^-32 (the int64 -> fp64 conversion rounds to nearest; the
 // power-of-two scaling is exact).
-DSPARK_HD double plan_theta(int64_t tau_fixed, int64_t batch_tokens, const int64_t* tokens, const double* rate,
-                            int64_t n_probes) {
+DSPARK_HD double plan_theta(int64_t tau_fixed, int64_t batch_tokens, const int64_t* tokens,
+                            const double* rate, int64_t n_probes) {
   const double tau = mul_rn(static_cast<double>(tau_fixed), 0x1p-32);
   return mul_rn(tau, sps_ceil(tokens, rate, n_probes, batch_tokens));
 }

@@ -6,7 +6,7 @@ import torch
 
 import dspark
 from dspark.reference import rejection_sample_ref
-from tests.ops.cuda_switches import set_switch
+from tests.ops.cuda_switches import kernel_names, set_switch
 from tests.ops.test_rejection_sample import PROCS, rs_inputs
 from tests.ops.test_rejection_sample_one_hot import (
     ONE_HOT_MASKS,
@@ -23,9 +23,9 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 
 def choose_kernels(split, monkeypatch):
-    """ "on": greedy rows split over the vocabulary, other rows one block each (the default where they fit);
-    "off": one block per request walking its rows (DSPARK_CUDA_REJECTION_SPLIT=0). Both must give the CPU's
-    tokens."""
+    """ "on": greedy rows and sampled rows without top-k / top-p split over the vocabulary, other rows one
+    block each (the default where they fit); "off": one block per request walking its rows
+    (DSPARK_CUDA_REJECTION_SPLIT=0). Both must give the CPU's tokens."""
     set_switch(monkeypatch, "DSPARK_CUDA_REJECTION_SPLIT", split == "on")
 
 
@@ -182,3 +182,65 @@ def test_greedy_ties_go_to_the_lowest_id_across_chunks():
     gpu = dspark.ops.rejection_sample(*(a.cuda() if a is not None else None for a in args + rest), 0, 0)
     assert cpu[1][:, 0].tolist() == [5000, 3]
     assert torch.equal(cpu[1], gpu[1].cpu()) and torch.equal(cpu[0], gpu[0].cpu())
+
+
+def _sampled_case(R, G, V, seed, dtype):
+    """Sampled rounds over a multi-chunk vocabulary: temperatures in (0, 1.5], drafts often the target's
+    peak (runs of accepted drafts), histories with ids in every 4,096-id chunk, a third of the requests
+    with deterministic (one-hot) proposals, every verify length."""
+    g = torch.Generator().manual_seed(seed)
+    vl = torch.randint(1, G + 2, (R,), generator=g).to(torch.int32)
+    vl[0] = G + 1
+    qo = torch.zeros(R + 1, dtype=torch.int32)
+    qo[1:] = torch.cumsum(vl, 0)
+    tl = torch.randn(int(qo[-1]), V, generator=g) * 2.0
+    z = torch.randn(R, G, V, generator=g) * 2.0
+    drafts = torch.randint(0, V, (R, G), generator=g)
+    for r in range(R):
+        for i in range(int(vl[r]) - 1):
+            if torch.rand((), generator=g) < 0.8:  # p and q both peaked at the draft: accepted often
+                tl[int(qo[r]) + i, drafts[r, i]] += 30.0
+                z[r, i, drafts[r, i]] += 30.0
+    tl = tl.to(dtype)
+    temp = torch.rand(R, generator=g) * 1.4 + 0.1
+    counts = torch.randint(0, 300, (R,), generator=g)
+    procs = {
+        "repetition_penalty": torch.linspace(0.8, 1.6, R),
+        "penalty_tokens": torch.randint(0, V, (int(counts.sum()),), generator=g),
+        "penalty_indptr": torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]),
+        "request_ids": torch.randint(0, 2**32, (R,), generator=g),
+        "draft_one_hot": torch.arange(R) % 3 == 1,
+    }
+    return (tl, qo, z, drafts, vl, temp), procs
+
+
+@pytest.mark.parametrize("split", ["on", "off"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_top_k", [False, True])
+def test_sampled_rounds_split_over_the_vocabulary_equal_cpu(split, dtype, with_top_k, monkeypatch):
+    # in a call without top-k / top-p, sampled requests run on (request, row, 4,096-id chunk) CTAs, their
+    # normalisers summed in the CPU's lane order: the tokens and accepted counts are the CPU op's exactly.
+    # With a top_k tensor they take the row kernels (one block per verify row), with the same result.
+    choose_kernels(split, monkeypatch)
+    R, V = 10, 3 * 4096 + 1000
+    args, procs = _sampled_case(R, 7, V, 8, dtype)
+    if with_top_k:
+        procs["top_k"] = torch.tensor([0, 50, V, 0, 7, 0, 1, 0, V + 5, 20])
+    cpu = dspark.ops.rejection_sample(*args, 3, 4, **procs)
+    gpu_args = tuple(a.cuda() for a in args)
+    gpu = dspark.ops.rejection_sample(*gpu_args, 3, 4, **_cuda(procs))
+    assert int(cpu[0].sum()) > R  # runs of accepted drafts, not only first-row rejections
+    assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
+    names = kernel_names(lambda: dspark.ops.rejection_sample(*gpu_args, 3, 4, **_cuda(procs)))
+    assert ("SampledMaxKernel" in names) == (split == "on" and not with_top_k), names
+    assert ("RejectionRowsKernel" in names) == (split == "on" and with_top_k), names
+
+
+def test_sampled_split_draws_equal_cpu_at_large_vocab():
+    # V = 151,936 (38 chunks), fp32 and a bonus / residual mix: many seeds, every token equal to the CPU op's
+    R, G, V = 4, 7, 151936
+    for seed in range(6):
+        args, procs = _sampled_case(R, G, V, 100 + seed, torch.bfloat16)
+        cpu = dspark.ops.rejection_sample(*args, seed, 9, **procs)
+        gpu = dspark.ops.rejection_sample(*(a.cuda() for a in args), seed, 9, **_cuda(procs))
+        assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu()), seed

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
   constexpr int kNd = D / 8;      // 8-column blocks of O
   constexpr int kChunks = D / 8;  // 16-byte chunks per key row
   constexpr int kStride = D + kPvaMmaPad;
-  constexpr int kTile = kPvaMmaKeys * kStride;  // one [key][d] tile
+  constexpr int kTile = kPvaMmaKeys * kStride;      // one [key][d] tile
   extern __shared__ __align__(16) uint16_t s_kv[];  // [buffer][K, V][key][d]
   const uint16_t* q = reinterpret_cast<const uint16_t*>(q_);
   const uint16_t* kc = reinterpret_cast<const uint16_t*>(kc_);
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kPvaMmaWarps * 32, 2)
         CpAsyncCommit();  // an empty group, so "all but the newest group" is always this tile's
       }
       CpAsyncWait<1>();
-      __syncthreads();  // every thread's copies of this tile have landed
+      __syncthreads();               // every thread's copies of this tile have landed
       if (kt >= warp_lim) continue;  // warp-uniform: every row of this warp has seen all its keys
       const uint16_t* Ks = s_kv + (2 * buf) * kTile;
       const uint16_t* Vs = s_kv + (2 * buf + 1) * kTile;

@@ -52,7 +52,9 @@ DSPARK_HD uint64_t plan_key(float a, int32_t j, int32_t r, int64_t R) {
 DSPARK_HD float plan_key_survival(uint64_t key) {
   return bits_as_float(0x3F800000u - static_cast<uint32_t>(key >> 32));
 }
-DSPARK_HD int64_t plan_key_request(uint64_t key, int64_t R) { return static_cast<int64_t>(key & 0xFFFFFFFFu) % R; }
+DSPARK_HD int64_t plan_key_request(uint64_t key, int64_t R) {
+  return static_cast<int64_t>(key & 0xFFFFFFFFu) % R;
+}
 
 // One compare-exchange of the ascending bitonic sorting network over a power-of-two array: stage (k, j),
 // element i; only the lower element of each pair (i < i ^ j) acts, so the n / 2 pairs of a step are disjoint.
@@ -243,8 +245,8 @@ __device__ int64_t PlanSortCandidates(const DType* __restrict__ s, int64_t R, in
     const float a = c < n ? static_cast<float>(s[c]) : 0.f;
     const bool valid = a > 0.f;
     if (c < n_pow2) {
-      s_keys[c] = valid ? plan_key(a, static_cast<int32_t>(c % G), static_cast<int32_t>(c / G), R)
-                        : kPlanNoCandidate;
+      s_keys[c] =
+          valid ? plan_key(a, static_cast<int32_t>(c % G), static_cast<int32_t>(c / G), R) : kPlanNoCandidate;
     }
     count += __syncthreads_count(valid);
   }
@@ -338,7 +340,8 @@ __device__ int64_t PlanArgmaxBudget(const uint64_t* s_keys, int64_t n_valid, int
 
 // grid: 1 block of kPlanOneBlockThreads; dynamic shared memory: n_pow2 * 8 bytes of keys, then n_probes * 16
 // when staged. early_stop / lagged_topk only, R * G <= n_pow2 <= kPlanOneBlockSlots (n_pow2 a power of two).
-// survival, lagged: [R, G] f32; tokens [n_probes] i64, rate [n_probes] f64 -> verify_len [R] i32, budget [] i64
+// survival, lagged: [R, G] f32; tokens [n_probes] i64, rate [n_probes] f64 -> verify_len [R] i32, budget []
+// i64
 template <typename DType>
 __global__ void __launch_bounds__(kPlanOneBlockThreads)
     PlanOneBlockKernel(const DType* __restrict__ survival, const DType* __restrict__ lagged, int64_t R,
@@ -353,7 +356,8 @@ __global__ void __launch_bounds__(kPlanOneBlockThreads)
   const double* rt = rate;
   if (stage_probes) {  // published by the barrier PlanSortCandidates starts with
     double* s_rate = reinterpret_cast<double*>(s_raw + n_pow2 * sizeof(uint64_t));
-    int64_t* s_tok = reinterpret_cast<int64_t*>(s_raw + n_pow2 * sizeof(uint64_t) + n_probes * sizeof(double));
+    int64_t* s_tok =
+        reinterpret_cast<int64_t*>(s_raw + n_pow2 * sizeof(uint64_t) + n_probes * sizeof(double));
     for (int64_t i = threadIdx.x; i < n_probes; i += blockDim.x) {
       s_rate[i] = rate[i];
       s_tok[i] = tokens[i];

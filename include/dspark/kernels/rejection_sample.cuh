@@ -5,7 +5,9 @@
 // their draft rows are not read), and takes the accept / residual / bonus decision. The rows of a request run
 // either in order in one block (stopping at the first rejection) or each in its own block followed by a walk
 // (rows past the first rejection computed and dropped): the Philox keys name the row, so both give the same
-// tokens. Greedy requests may go to the vocabulary-split kernels instead (rejection_sample_greedy.cuh).
+// tokens. Greedy requests may go to vocabulary-split kernels instead (rejection_sample_greedy.cuh), and so
+// may every sampled request of a call without top-k / top-p (rejection_sample_split.cuh; the launcher then
+// runs none of the kernels below).
 // Every sum, exp, log and tie rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same
 // tokens.
 #pragma once
@@ -14,6 +16,7 @@
 #include <cstdint>
 
 #include "dspark/kernels/sampling_block.cuh"
+#include "dspark/kernels/warp_reduce.cuh"
 
 namespace dspark::kernels {
 
@@ -36,9 +39,57 @@ struct RejectionParams {
   int64_t* out_tokens;            // [R, G + 1], pre-filled with -1
   int64_t G, V;
   uint64_t seed, offset;
-  bool greedy_elsewhere =
-      false;  // greedy requests are left to the split kernels (rejection_sample_greedy.cuh)
+  bool greedy_elsewhere = false;  // greedy requests go to rejection_sample_greedy.cuh's kernels
 };
+
+// Whether request r is left to the vocabulary-split greedy kernels rather than the row kernels below.
+__device__ __forceinline__ bool ElsewhereRequest(const RejectionParams& a, int64_t r) {
+  return a.temperature[r] == 0.0f && a.greedy_elsewhere;
+}
+
+// A (key, id) candidate packed so that an integer max is best_of's winner: the key's order, then the lowest
+// id. -0 is folded into +0 (they tie under best_of's float comparison; their ordered keys differ). Every
+// packed candidate is >= 1, so 0 stands for none.
+__device__ __forceinline__ uint64_t PackKeyIdx(float v, int64_t id) {
+  if (v == 0.0f) v = 0.0f;
+  return (static_cast<uint64_t>(ordered_key(v)) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(id));
+}
+__device__ __forceinline__ int64_t PackedIdx(uint64_t packed) {
+  return static_cast<int64_t>(0xFFFFFFFFu - static_cast<uint32_t>(packed & 0xFFFFFFFFu));
+}
+
+// The integer max of one value per thread over the block (warp_best: one slot per warp), valid in thread 0.
+// Order-free. Every thread must call it; one barrier.
+__device__ __forceinline__ uint64_t BlockMaxPacked(uint64_t v, uint64_t* warp_best) {
+  v = WarpMax(v);
+  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? warp_best[threadIdx.x] : 0;
+    v = WarpMax(v);
+  }
+  return v;
+}
+
+// The ids of [lo, lo + 32 * words) that the CPU op repetition-penalises in verify row i of request r — the
+// history's, then the row's earlier drafts — as a shared-memory bitmap of `words` words. Block-wide, with
+// barriers; only when the request's penalty is not 1.
+__device__ __forceinline__ void ChunkPenalised(const RejectionParams& a, int64_t r, int64_t i, int64_t lo,
+                                               int64_t hi, uint32_t* bits, int words) {
+  for (int w = threadIdx.x; w < words; w += blockDim.x) bits[w] = 0u;
+  __syncthreads();
+  const int64_t* drafts = a.draft_tokens + r * a.G;
+  const int64_t p0 = a.penalty_tokens ? a.penalty_indptr[r] : 0;
+  const int64_t n_pen = a.penalty_tokens ? a.penalty_indptr[r + 1] - p0 : 0;
+  for (int64_t k = threadIdx.x; k < n_pen + i; k += blockDim.x) {
+    const int64_t id = k < n_pen ? a.penalty_tokens[p0 + k] : drafts[k - n_pen];
+    if (id >= lo && id < hi) atomicOr(&bits[(id - lo) / 32], 1u << ((id - lo) % 32));  // a set
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ bool IsPenalised(const uint32_t* bits, int64_t offset) {
+  return (bits[offset / 32] >> (offset % 32)) & 1u;
+}
 
 // Gumbel-max draw over the block from weights wt(j) >= 0 (only wt > 0 can win); -1 when every weight is 0.
 template <typename W>
@@ -166,7 +217,7 @@ __global__ void __launch_bounds__(kSumLanes)
     RejectionSampleKernel(const TL* __restrict__ target, RejectionParams a) {
   __shared__ BlockScratch s;
   const int64_t r = blockIdx.x;
-  if (a.temperature[r] == 0.0f && a.greedy_elsewhere) return;  // block-uniform, before any barrier
+  if (ElsewhereRequest(a, r)) return;  // block-uniform, before any barrier
   int64_t* emit = a.out_tokens + r * (a.G + 1);
   float* y = a.ws_y + r * a.V;
   float* w = a.ws_w + r * a.V;
@@ -190,7 +241,7 @@ __global__ void __launch_bounds__(kSumLanes)
                         bool* __restrict__ row_accepted) {
   __shared__ BlockScratch s;
   const int64_t i = blockIdx.x, r = blockIdx.y, slot = r * (a.G + 1) + i;
-  if (i >= a.verify_len[r] || (a.temperature[r] == 0.0f && a.greedy_elsewhere)) return;  // block-uniform
+  if (i >= a.verify_len[r] || ElsewhereRequest(a, r)) return;  // block-uniform
   const RowOutcome o = RejectionRow(target, a, r, i, a.ws_y + slot * a.V, a.ws_w + slot * a.V, s);
   if (threadIdx.x == 0) {
     row_token[slot] = o.token;
@@ -202,7 +253,7 @@ __global__ void __launch_bounds__(kSumLanes)
 __global__ void RejectionWalkKernel(RejectionParams a, const int64_t* __restrict__ row_token,
                                     const bool* __restrict__ row_accepted, int64_t R) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= R || (a.temperature[r] == 0.0f && a.greedy_elsewhere)) return;
+  if (r >= R || ElsewhereRequest(a, r)) return;
   const int64_t n = a.verify_len[r];
   int32_t n_acc = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -17,7 +17,6 @@
 #include <cstdint>
 
 #include "dspark/kernels/rejection_sample.cuh"
-#include "dspark/kernels/warp_reduce.cuh"
 
 namespace dspark::kernels {
 
@@ -26,13 +25,6 @@ constexpr int64_t kGreedyChunk = 4096;  // vocabulary ids per CTA
 
 inline int64_t GreedyChunks(int64_t V) { return (V + kGreedyChunk - 1) / kGreedyChunk; }
 
-__device__ __forceinline__ uint64_t GreedyPack(float v, int64_t id) {
-  if (v == 0.0f) v = 0.0f;  // -0 and +0 tie under best_of's float comparison; their ordered keys differ
-  return (static_cast<uint64_t>(ordered_key(v)) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(id));
-}
-__device__ __forceinline__ int64_t GreedyId(uint64_t packed) {
-  return static_cast<int64_t>(0xFFFFFFFFu - static_cast<uint32_t>(packed & 0xFFFFFFFFu));
-}
 // grid (GreedyChunks(V), G + 1, R), block kGreedyThreads -> best [R, G + 1, chunks] u64 (rows < verify_len of
 // greedy requests only)
 template <typename TL>
@@ -45,33 +37,16 @@ __global__ void __launch_bounds__(kGreedyThreads)
   const int64_t lo = chunk * kGreedyChunk, hi = min(a.V, lo + kGreedyChunk);
   const TL* row = target + (static_cast<int64_t>(a.qo_indptr[r]) + i) * a.V;
   const float pen = a.penalty ? a.penalty[r] : 1.0f;
-  if (pen != 1.0f) {  // the ids the CPU op penalises in this row: the history's, then drafts[0 .. i - 1]
-    for (int w = threadIdx.x; w < kGreedyChunk / 32; w += kGreedyThreads) penalised[w] = 0u;
-    __syncthreads();
-    const int64_t* drafts = a.draft_tokens + r * a.G;
-    const int64_t p0 = a.penalty_tokens ? a.penalty_indptr[r] : 0;
-    const int64_t n_pen = a.penalty_tokens ? a.penalty_indptr[r + 1] - p0 : 0;
-    for (int64_t k = threadIdx.x; k < n_pen + i; k += kGreedyThreads) {
-      const int64_t id = k < n_pen ? a.penalty_tokens[p0 + k] : drafts[k - n_pen];
-      if (id >= lo && id < hi) atomicOr(&penalised[(id - lo) / 32], 1u << ((id - lo) % 32));  // a set
-    }
-    __syncthreads();
-  }
+  if (pen != 1.0f) ChunkPenalised(a, r, i, lo, hi, penalised, kGreedyChunk / 32);
   uint64_t mine = 0;  // below every packed candidate (ordered keys of floats are >= 1)
   for (int64_t j = lo + threadIdx.x; j < hi; j += kGreedyThreads) {
     float v = static_cast<float>(row[j]);
-    if (pen != 1.0f && (penalised[(j - lo) / 32] >> ((j - lo) % 32) & 1u)) v = repetition_penalize(v, pen);
-    const uint64_t c = GreedyPack(v, j);
+    if (pen != 1.0f && IsPenalised(penalised, j - lo)) v = repetition_penalize(v, pen);
+    const uint64_t c = PackKeyIdx(v, j);
     mine = c > mine ? c : mine;
   }
-  mine = WarpMax(mine);
-  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = mine;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    uint64_t v = threadIdx.x < kGreedyThreads / 32 ? warp_best[threadIdx.x] : 0;
-    v = WarpMax(v);
-    if (threadIdx.x == 0) best[(r * (a.G + 1) + i) * chunks + chunk] = v;
-  }
+  mine = BlockMaxPacked(mine, warp_best);
+  if (threadIdx.x == 0) best[(r * (a.G + 1) + i) * chunks + chunk] = mine;
 }
 
 // grid R, block 32: the greedy walk of each greedy request over its rows' chunk maxima.
@@ -88,7 +63,7 @@ __global__ void GreedyWalkKernel(RejectionParams a, const uint64_t* __restrict__
       const uint64_t o = best[(r * (a.G + 1) + i) * chunks + c];
       v = o > v ? o : v;
     }
-    const int64_t arg = GreedyId(WarpMax(v));
+    const int64_t arg = PackedIdx(WarpMax(v));
     if (threadIdx.x == 0) emit[i] = arg;
     if (i == n - 1 || arg != drafts[i]) break;  // warp-uniform
     ++n_acc;
