@@ -1,20 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA rejection_sample. Per verify row (RejectionRow) a block builds the processed target row y (penalty,
-// / T) and p (top-k, top-p by threshold search, fixed-order normalisation) in a global workspace, forms
-// q = softmax(z / T) on the fly (requests with deterministic proposals: q one-hot at the draft, never formed;
-// their draft rows are not read), and takes the accept / residual / bonus decision. The rows of a request run
-// either in order in one block (stopping at the first rejection) or each in its own block followed by a walk
-// (rows past the first rejection computed and dropped): the Philox keys name the row, so both give the same
-// tokens. Greedy requests may go to vocabulary-split kernels instead (rejection_sample_greedy.cuh), and so
-// may every sampled request of a call without top-k / top-p (rejection_sample_split.cuh; the launcher then
-// runs none of the kernels below).
-// Every sum, exp, log and tie rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same
-// tokens.
+// / T) and p (top-k by radix select, top-p by threshold search, fixed-order normalisation) in a global
+// workspace, forms q = softmax(z / T) on the fly (requests with deterministic proposals: q one-hot at the
+// draft, never formed; their draft rows are not read), and takes the accept / residual / bonus decision. The
+// rows of a request run either in order in one block (stopping at the first rejection) or each in its own
+// block followed by a walk (rows past the first rejection computed and dropped): the Philox keys name the
+// row, so both give the same tokens. Greedy requests may go to vocabulary-split kernels instead
+// (rejection_sample_greedy.cuh), and so may every sampled request of a call without top-k / top-p
+// (rejection_sample_split.cuh; the launcher then runs none of the kernels below). Every sum, exp, log and tie
+// rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same tokens.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "dspark/kernels/radix_select.cuh"
 #include "dspark/kernels/sampling_block.cuh"
 #include "dspark/kernels/warp_reduce.cuh"
 
@@ -112,12 +112,13 @@ struct RowOutcome {
 };
 
 // Verify row i of request r, block-wide (kSumLanes threads): the processed target row y (penalty, / T), p
-// (top-k, top-p, fixed-order normalisation) in w, and the accept / residual / bonus decision. y and w are
-// this row's V-float scratch. A function of (r, i) and the inputs only — the Philox keys name the row — so
-// rows may be decided in order in one block or each in its own block, with the same result.
+// (top-k by radix select, top-p by threshold search, fixed-order normalisation) in w, and the accept /
+// residual / bonus decision. y and w are this row's V-float scratch. A function of (r, i) and the inputs only
+// — the Philox keys name the row — so rows may be decided in order in one block or each in its own block,
+// with the same result.
 template <typename TL>
 __device__ RowOutcome RejectionRow(const TL* __restrict__ target, const RejectionParams& a, int64_t r,
-                                   int64_t i, float* y, float* w, BlockScratch& s) {
+                                   int64_t i, float* y, float* w, BlockScratch& s, RadixScratch& rs) {
   const int64_t V = a.V, G = a.G;
   const int tid = threadIdx.x;
   const float T = a.temperature[r];
@@ -152,12 +153,9 @@ __device__ RowOutcome RejectionRow(const TL* __restrict__ target, const Rejectio
   const float m = top.key;
   const uint32_t key_lo = ordered_key(-INFINITY), key_hi = ordered_key(m);
   float thr = -INFINITY;
-  if (top_k > 0 && top_k < V) {
-    thr = key_to_float(search_key(key_lo, key_hi, [&](float v) {
-      int64_t c = 0;
-      for (int64_t j = tid; j < V; j += kSumLanes) c += y[j] > v;
-      return BlockCount(c, s) < top_k;
-    }));
+  if (top_k > 0 &&
+      top_k < V) {  // the k-th largest key: the same kept ids as the CPU's search (radix_select.cuh)
+    thr = key_to_float(BlockRadixKthLargest(V, top_k, [&](int64_t j) { return ordered_key(y[j]); }, rs));
   }
   float lane = 0.f;
   for (int64_t j = tid; j < V; j += kSumLanes) {
@@ -216,6 +214,7 @@ template <typename TL>
 __global__ void __launch_bounds__(kSumLanes)
     RejectionSampleKernel(const TL* __restrict__ target, RejectionParams a) {
   __shared__ BlockScratch s;
+  __shared__ RadixScratch rs;
   const int64_t r = blockIdx.x;
   if (ElsewhereRequest(a, r)) return;  // block-uniform, before any barrier
   int64_t* emit = a.out_tokens + r * (a.G + 1);
@@ -224,7 +223,7 @@ __global__ void __launch_bounds__(kSumLanes)
   const int64_t n = a.verify_len[r];
   int32_t n_acc = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const RowOutcome o = RejectionRow(target, a, r, i, y, w, s);
+    const RowOutcome o = RejectionRow(target, a, r, i, y, w, s, rs);
     if (threadIdx.x == 0) emit[i] = o.token;
     if (!o.accepted) break;
     ++n_acc;
@@ -240,9 +239,10 @@ __global__ void __launch_bounds__(kSumLanes)
     RejectionRowsKernel(const TL* __restrict__ target, RejectionParams a, int64_t* __restrict__ row_token,
                         bool* __restrict__ row_accepted) {
   __shared__ BlockScratch s;
+  __shared__ RadixScratch rs;
   const int64_t i = blockIdx.x, r = blockIdx.y, slot = r * (a.G + 1) + i;
   if (i >= a.verify_len[r] || ElsewhereRequest(a, r)) return;  // block-uniform
-  const RowOutcome o = RejectionRow(target, a, r, i, a.ws_y + slot * a.V, a.ws_w + slot * a.V, s);
+  const RowOutcome o = RejectionRow(target, a, r, i, a.ws_y + slot * a.V, a.ws_w + slot * a.V, s, rs);
   if (threadIdx.x == 0) {
     row_token[slot] = o.token;
     row_accepted[slot] = o.accepted;

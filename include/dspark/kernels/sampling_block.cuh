@@ -44,22 +44,6 @@ __device__ __forceinline__ float BlockLaneSum(float lane, BlockScratch& s) {
   return s.total_f;
 }
 
-// Integer sum (order-free): each warp by shuffles, then warp 0 over the 8 warp sums.
-__device__ __forceinline__ int64_t BlockCount(int64_t c, BlockScratch& s) {
-#pragma unroll
-  for (int h = 16; h > 0; h >>= 1) c += __shfl_down_sync(kFullMask, c, h);
-  if ((threadIdx.x & 31) == 0) s.i[threadIdx.x >> 5] = c;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    int64_t v = threadIdx.x < kSumLanes / 32 ? s.i[threadIdx.x] : 0;
-#pragma unroll
-    for (int h = 4; h > 0; h >>= 1) v += __shfl_down_sync(kFullMask, v, h);
-    if (threadIdx.x == 0) s.total_i = v;
-  }
-  __syncthreads();
-  return s.total_i;
-}
-
 __device__ __forceinline__ KeyIdx WarpBest(KeyIdx v) {
 #pragma unroll
   for (int h = 16; h > 0; h >>= 1) {

@@ -393,9 +393,13 @@ def accept(engine: Engine, sampling: SamplingConfig, offset: int, r: RoundState)
     Fails the round before anything is committed when the drafter's logits, or a target row whose value the
     committed tokens depend on (rows up to and including the first rejection or the bonus row), are NaN/inf.
     """
-    logits = r.target.logits.float()
+    logits = r.target.logits
     finite = rows_finite(logits)
-    logits = sanitized(logits, finite)
+    if logits.device.type == "cpu":  # the CPU op checks its rows' values: a non-finite row is zeroed first
+        logits = sanitized(logits.float(), finite)
+    # On other devices the op reads the rows in the target's dtype, without a cast or a sanitising copy of
+    # the (N, V) logits: a non-finite row spoils only its own request's tokens, and the round fails from
+    # `finite` (below) before committing any of them.
     R, V, g, dev = len(r.requests), logits.shape[-1], r.slots, logits.device
     # None: lookup only, or a greedy round (its rows read no q)
     q = r.draft_logits if g else torch.empty(R, 0, V, dtype=torch.float32, device=dev)

@@ -56,7 +56,8 @@ def accept_drafts(
 ) -> tuple[Tensor, Tensor]:
     """``(accepted (R,) int32, out_tokens (R, g + 1) int64)`` on the logits' device; nothing is read.
 
-    logits ``(N, V)`` float32 packed verify rows (finite), qo_indptr host ``R + 1``, draft_logits ``(R, g, V)``
+    logits ``(N, V)`` packed verify rows (float32 on CPU, finite; on CUDA also bfloat16 / float16, a non-finite
+    row spoiling only its own request's tokens), qo_indptr host ``R + 1``, draft_logits ``(R, g, V)``
     float32 (None: every row's drafts are deterministic lookup proposals), drafts ``(R, g)`` int64, verify_len
     host ``(R,)`` int32; ``g`` may be 0 (plain decoding). ``one_hot`` ``(R,)`` bool marks the rows whose drafts
     are deterministic proposals (q one-hot at the draft: accepted with probability p(x)).
