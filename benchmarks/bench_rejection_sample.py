@@ -3,7 +3,8 @@
 
 Three kinds of rows: ``sampled`` (q = softmax of draft_logits), ``one-hot`` (deterministic proposals such as
 looked-up tokens: draft_logits None, accept with p(x), residual p without x) and ``greedy`` (temperature 0:
-argmax against the draft). On CUDA each kind is also timed with one block per request walking its rows
+argmax against the draft); the sampled rows again with top-k 50 and top-p 0.9, timed against the plain sampled
+rows (no eager counterpart). On CUDA each kind is also timed with one block per request walking its rows
 (``DSPARK_CUDA_REJECTION_SPLIT=0``) against the default split kernels. The bit-exact reference
 (dspark.reference.rejection_sample_ref) is checked first on a small case of each kind (and a mixed batch).
 
@@ -130,6 +131,23 @@ def main() -> None:
                     "split vs one block": t_block.median_us / t_op.median_us,
                 }
             rows.append(Row({"drafts": kind, "R": R, "V": V, "gamma": GAMMA}, dev, t_op, t_ref, extra))
+            if kind == "sampled":
+                t_plain = t_op
+        # the same sampled rows with top-k / top-p (no eager counterpart): their cost against the plain rows
+        for kind, procs in (
+            ("sampled top-k 50", {"top_k": torch.full((R,), 50, device=dev)}),
+            ("sampled top-p 0.9", {"top_p": torch.full((R,), 0.9, device=dev)}),
+        ):
+            op = lambda a=a, p=procs: dspark.ops.rejection_sample(*a, 1, 2, **p)  # noqa: E731
+            t_op = time_fn(op, dev, budget)
+            extra = {"vs plain sampled": t_op.median_us / t_plain.median_us}
+            if dev == "cuda":
+                t_block = time_fn_with_env("DSPARK_CUDA_REJECTION_SPLIT", "0", op, dev, budget)
+                extra |= {
+                    "one-block kernel (us)": t_block.median_us,
+                    "split vs one block": t_block.median_us / t_op.median_us,
+                }
+            rows.append(Row({"drafts": kind, "R": R, "V": V, "gamma": GAMMA}, dev, t_op, None, extra))
     report("rejection_sample vs eager verifier", rows, args, ["drafts", "R", "V", "gamma"])
 
 

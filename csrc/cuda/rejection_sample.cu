@@ -18,7 +18,7 @@ namespace {
 // The one-block-per-request kernel alone when DSPARK_CUDA_REJECTION_SPLIT=0 (read per call, for
 // comparisons); otherwise greedy requests take the vocabulary-split greedy kernels and, where the grids fit
 // and the per-row workspace stays under 256 MiB, the sampled requests one block per verify row — or, in a
-// call without top_k / top_p, the vocabulary-split sampled kernels. Every choice gives the same tokens.
+// call without top_p, the vocabulary-split sampled kernels. Every choice gives the same tokens.
 bool split_greedy(int64_t R, int64_t G, int64_t V) {
   return R <= 65535 && G + 1 <= 65535 && V < (int64_t{1} << 32);
 }
@@ -28,12 +28,16 @@ bool split_rows(int64_t R, int64_t G, int64_t V) {
 
 // Buffers of the vocabulary-split sampled kernels (kernels::SampledWork), kept alive for the call.
 struct SampledBuffers {
-  at::Tensor chunk_max, sums, stop, best;
+  at::Tensor chunk_max, hist, sums, stop, best;
   kernels::SampledWork work{};
 };
 
-SampledBuffers sampled_buffers(int64_t R, int64_t G, int64_t V, const at::TensorOptions& o) {
+SampledBuffers sampled_buffers(int64_t R, int64_t G, int64_t V, bool top_k, const at::TensorOptions& o) {
   SampledBuffers b;
+  if (top_k) {
+    b.hist = at::empty({R, G + 1, 4, kernels::kRadixBins}, o.dtype(at::kInt));
+    b.work.hist = reinterpret_cast<uint32_t*>(b.hist.data_ptr<int32_t>());
+  }
   b.work.chunks = kernels::SampledChunks(V);
   b.chunk_max = at::empty({R, G + 1, b.work.chunks, 2}, o.dtype(at::kInt));
   b.sums = at::empty({R, G + 1, 2}, o.dtype(at::kFloat));
@@ -47,7 +51,7 @@ SampledBuffers sampled_buffers(int64_t R, int64_t G, int64_t V, const at::Tensor
 }
 
 // best defined: greedy requests to the greedy split kernels; sampled non-null: the sampled requests to the
-// sampled split kernels (a call without top_k / top_p), else to the row kernels.
+// sampled split kernels (a call without top_p), else to the row kernels.
 template <typename TL>
 cudaError_t launch(const TL* target, kernels::RejectionParams& p, int64_t R, const at::Tensor& best,
                    const kernels::SampledWork* sampled, const at::Tensor& row_token,
@@ -129,10 +133,10 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor best;  // [R, g + 1, chunks] packed (value, id) maxima of the greedy rows
   if (split && split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::GreedyChunks(V)}, dt.options());
-  // a call without top-k / top-p: sampled rows over the vocabulary, in the row kernels' workspace (ws)
+  // a call without top-p: sampled rows over the vocabulary, in the row kernels' workspace (ws)
   SampledBuffers sampled;
-  const bool split_sampled = rows && split_greedy(R, G, V) && !tk.defined() && !tp.defined();
-  if (split_sampled) sampled = sampled_buffers(R, G, V, dt.options());
+  const bool split_sampled = rows && split_greedy(R, G, V) && !tp.defined();
+  if (split_sampled) sampled = sampled_buffers(R, G, V, tk.defined(), dt.options());
   const kernels::SampledWork* sw = split_sampled ? &sampled.work : nullptr;
   cudaError_t status;
   switch (tl.scalar_type()) {

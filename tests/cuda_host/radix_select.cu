@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Host checks of the radix select (include/dspark/kernels/radix_select.cuh), run by scripts/ci_cuda_build.sh
 // on a machine without a GPU: on random rows (heavy ties, -0 and +0, -inf) and every k, the four digit passes
-// — emulated on the host, each with RadixDigit as the kernel calls it — find the k-th largest ordered key,
-// and as a top-k threshold they keep exactly the ids search_key's threshold keeps (the CPU op's).
+// — emulated on the host, each with RadixDigit as the kernel calls it, in one block or over random chunks
+// with RadixReplay / RadixMask as the split kernels run them — find the k-th largest ordered key, and as a
+// top-k threshold they keep exactly the ids search_key's threshold keeps (the CPU op's).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +31,25 @@ uint32_t radix_kth_largest(const std::vector<float>& y, int64_t k) {
     mask |= 0xFFu << shift;
   }
   return prefix;
+}
+
+// As the vocabulary-split kernels run it: per pass, each chunk's histogram of the keys that match the digits
+// replayed from the earlier passes' summed histograms, added into the row's; the digits replayed at the end.
+uint32_t chunked_kth_largest(const std::vector<float>& y, int64_t k, size_t chunk) {
+  std::vector<uint32_t> hists(4 * kRadixBins, 0u);
+  for (int pass = 0; pass < 4; ++pass) {
+    int64_t kk = k;
+    const uint32_t prefix = RadixReplay(hists.data(), pass, kk), mask = RadixMask(pass);
+    for (size_t lo = 0; lo < y.size(); lo += chunk) {
+      uint32_t local[kRadixBins] = {};
+      for (size_t j = lo; j < std::min(y.size(), lo + chunk); ++j) {
+        const uint32_t key = ordered_key(y[j]);
+        if ((key & mask) == prefix) ++local[(key >> (24 - 8 * pass)) & 0xFFu];
+      }
+      for (int b = 0; b < kRadixBins; ++b) hists[pass * kRadixBins + b] += local[b];
+    }
+  }
+  return RadixReplay(hists.data(), 4, k);
 }
 
 // search_key's predicate of the top-k branch: fewer than k values above v (a __host__ __device__ functor,
@@ -76,6 +96,7 @@ int main() {
       ++checked;
       const uint32_t got = radix_kth_largest(y, k);
       if (got != keys[k - 1]) fail(trial, k, "not the k-th largest key");
+      if (chunked_kth_largest(y, k, 1 + rng() % 97) != got) fail(trial, k, "chunked passes differ");
       const float t_radix = key_to_float(got), t_search = search_threshold(y, k);
       for (float v : y) {
         if ((v >= t_radix) != (v >= t_search)) {

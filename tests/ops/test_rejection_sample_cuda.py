@@ -216,24 +216,52 @@ def _sampled_case(R, G, V, seed, dtype):
 
 @pytest.mark.parametrize("split", ["on", "off"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("with_top_k", [False, True])
-def test_sampled_rounds_split_over_the_vocabulary_equal_cpu(split, dtype, with_top_k, monkeypatch):
-    # in a call without top-k / top-p, sampled requests run on (request, row, 4,096-id chunk) CTAs, their
-    # normalisers summed in the CPU's lane order: the tokens and accepted counts are the CPU op's exactly.
-    # With a top_k tensor they take the row kernels (one block per verify row), with the same result.
+@pytest.mark.parametrize("filtering", ["none", "top_k", "top_p"])
+def test_sampled_rounds_split_over_the_vocabulary_equal_cpu(split, dtype, filtering, monkeypatch):
+    # in a call without top-p, sampled requests run on (request, row, 4,096-id chunk) CTAs — the top-k
+    # threshold by a radix select whose digit histograms are summed over the chunks, the normalisers in the
+    # CPU's lane order — so the tokens and accepted counts are the CPU op's exactly. With top_p they take the
+    # row kernels (one block per verify row), with the same result.
     choose_kernels(split, monkeypatch)
     R, V = 10, 3 * 4096 + 1000
     args, procs = _sampled_case(R, 7, V, 8, dtype)
-    if with_top_k:
-        procs["top_k"] = torch.tensor([0, 50, V, 0, 7, 0, 1, 0, V + 5, 20])
+    if filtering == "top_k":  # 0 and >= V keep every id; 1 keeps only the argmax
+        procs["top_k"] = torch.tensor([0, 50, V, 3000, 7, 0, 1, 4097, V + 5, 20])
+    if filtering == "top_p":
+        procs["top_p"] = torch.tensor([1.0, 0.9, 0.5, 0.99, 0.7, 1.0, 0.3, 0.95, 0.8, 0.6])
     cpu = dspark.ops.rejection_sample(*args, 3, 4, **procs)
     gpu_args = tuple(a.cuda() for a in args)
     gpu = dspark.ops.rejection_sample(*gpu_args, 3, 4, **_cuda(procs))
     assert int(cpu[0].sum()) > R  # runs of accepted drafts, not only first-row rejections
     assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
     names = kernel_names(lambda: dspark.ops.rejection_sample(*gpu_args, 3, 4, **_cuda(procs)))
-    assert ("SampledMaxKernel" in names) == (split == "on" and not with_top_k), names
-    assert ("RejectionRowsKernel" in names) == (split == "on" and with_top_k), names
+    split_sampled = split == "on" and filtering != "top_p"
+    assert ("SampledMaxKernel" in names) == split_sampled, names
+    assert ("SampledTopKPassKernel" in names) == (split_sampled and filtering == "top_k"), names
+    assert ("RejectionRowsKernel" in names) == (split == "on" and filtering == "top_p"), names
+
+
+def test_sampled_split_top_k_ties_at_the_threshold_equal_cpu():
+    # rows whose k-th largest logit is tied across chunks, a zero held as -0.0 and +0.0, and -inf entries: the
+    # radix select keeps the ids the CPU's threshold search keeps
+    R, G, V = 3, 2, 2 * 4096 + 300
+    tl = torch.full((R * (G + 1), V), -3.0)
+    tl[:, [10, 4100, 8200]] = 1.5  # three-way tie at the top
+    tl[:, [20, 5000]] = 0.0
+    tl[:, 21] = -0.0
+    tl[:, 6000:6010] = float("-inf")
+    z = torch.randn(R, G, V, generator=torch.Generator().manual_seed(3))
+    drafts = torch.tensor([[10, 4100], [20, 21], [8200, 5000]])
+    vl = torch.full((R,), G + 1, dtype=torch.int32)
+    qo = torch.arange(R + 1, dtype=torch.int32) * (G + 1)
+    temp = torch.tensor([1.0, 0.5, 2.0])
+    for k in ([2, 3, 4], [3, 5, 6], [1, 2, 3]):
+        top_k = torch.tensor(k)
+        for seed in range(4):
+            args = (tl, qo, z, drafts, vl, temp)
+            cpu = dspark.ops.rejection_sample(*args, seed, 0, top_k=top_k)
+            gpu = dspark.ops.rejection_sample(*(a.cuda() for a in args), seed, 0, top_k=top_k.cuda())
+            assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu()), (k, seed)
 
 
 def test_sampled_split_draws_equal_cpu_at_large_vocab():

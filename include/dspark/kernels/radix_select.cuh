@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The k-th largest ordered key (sampling.h's ordered_key) of a row, by radix select: four passes of 8-bit
-// digit histograms from the most significant digit, instead of the 32 passes of a bisection over keys.
+// digit histograms from the most significant digit, instead of the 32 passes of a bisection over keys —
+// in one block (BlockRadixKthLargest), or over many CTAs whose histograms are added up between passes
+// (RadixReplay decides the digits from them).
 // Counts are integers, so the result does not depend on the order of the additions (contract C2).
 //
 // As a top-k threshold it keeps the same ids as search_key's (the CPU op's): the smallest key K with
@@ -26,6 +28,17 @@ DSPARK_HD uint32_t RadixDigit(const uint32_t* hist, int64_t& k) {
   }
   return 0u;
 }
+
+// The digits decided by the first `passes` passes, from their histograms (hists[p * kRadixBins + d]), as the
+// high bits of the key; k is made relative to the candidates that share them.
+DSPARK_HD uint32_t RadixReplay(const uint32_t* hists, int passes, int64_t& k) {
+  uint32_t prefix = 0u;
+  for (int p = 0; p < passes; ++p) prefix |= RadixDigit(hists + p * kRadixBins, k) << (24 - 8 * p);
+  return prefix;
+}
+
+// The mask of the digits decided before pass `pass` (0 .. 3).
+DSPARK_HD uint32_t RadixMask(int pass) { return pass == 0 ? 0u : 0xFFFFFFFFu << (32 - 8 * pass); }
 
 // Shared memory of BlockRadixKthLargest.
 struct RadixScratch {

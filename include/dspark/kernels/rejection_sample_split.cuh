@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA rejection_sample, the sampled requests of a call without top-k / top-p split over the vocabulary,
-// with the CPU op's tokens bit for bit. Every part of such a row is elementwise (y, exp, the
-// proposal weights, the Gumbel keys), an order-free maximum, or one of two fixed-order lane sums (p's and q's
-// normalisers); only the lane sums are sequential, and they are cheap once their terms are in memory. So:
+// CUDA rejection_sample, the sampled requests of a call without top-p split over the vocabulary, with the
+// CPU op's tokens bit for bit. Every part of such a row is elementwise (y, exp, the proposal weights, the
+// Gumbel keys), an order-free maximum, an integer histogram (the top-k threshold), or one of two fixed-order
+// lane sums (p's and q's normalisers); only the lane sums are sequential, and they are cheap once their terms
+// are in memory. So:
 //   1. SampledMaxKernel, grid (chunks, G + 1, R): y = the penalised target logit / T of the chunk's ids into
 //      ws_e; the chunk's maxima of y and of z / T as ordered keys (-0 folded into +0: the sign of a zero
 //      maximum m changes no exp(v - m)).
-//   2. SampledExpKernel, same grid: m = the row's maximum; e = exp(y - m) in place, and the proposal weights
+//   1b. with top_k, SampledTopKPassKernel x 4, same grid: the radix select of the k-th largest y, one 8-bit
+//      digit per pass, each CTA adding its chunk's digit histogram to the row's (radix_select.cuh);
+//   2. SampledExpKernel, same grid: m = the row's maximum; e = exp(y - m) in place (0 below the top-k
+//      threshold), and the proposal weights
 //      draft_weight(z, T, m_q) into ws_q (rows with a sampled draft only).
 //   3. SampledLaneSumKernel, grid (2, G + 1, R), kSumLanes threads: p's normaliser (blockIdx.x = 0) or q's
 //      (1) as the CPU sums them: lane t adds ids t, t + 256, ... in order, then the fixed tree.
@@ -25,15 +29,21 @@
 
 #include <cstdint>
 
+#include "dspark/kernels/radix_select.cuh"
 #include "dspark/kernels/rejection_sample_greedy.cuh"
 
 namespace dspark::kernels {
 
 // A sampled request (temperature > 0; greedy ones go to rejection_sample_greedy.cuh). The launcher uses these
-// kernels only for calls without top_k / top_p, whose rows are elementwise work, order-free maxima and
-// fixed-order lane sums.
+// kernels only for calls without top_p, whose rows are elementwise work, order-free maxima, integer
+// histograms (top-k) and fixed-order lane sums.
 __device__ __forceinline__ bool SampledRequest(const RejectionParams& a, int64_t r) {
   return a.temperature[r] > 0.0f;
+}
+
+// Whether request r keeps only its top_k ids (0 < top_k < V), as the CPU op's top-k branch.
+__device__ __forceinline__ bool RowHasTopK(const RejectionParams& a, int64_t r) {
+  return a.top_k != nullptr && a.top_k[r] > 0 && a.top_k[r] < a.V;
 }
 
 constexpr int kSampledThreads = 256;
@@ -42,6 +52,7 @@ constexpr int64_t kSampledChunk = kGreedyChunk;  // vocabulary ids per CTA (the 
 // Small per-call workspace of the sampled split kernels.
 struct SampledWork {
   uint32_t* chunk_max;  // [R, G + 1, chunks, 2]: ordered keys of max y and max z / T over each chunk
+  uint32_t* hist;       // [R, G + 1, 4, 256]: the top-k radix passes' digit histograms (null without top_k)
   float* sums;          // [R, G + 1, 2]: p's and q's normalisers
   int32_t* stop;        // [R, 2]: the stopping row, and 1 when it draws a residual (0: the bonus)
   uint64_t* best;       // [R, 2]: packed maxima of the residual draw and of the draw from p
@@ -73,6 +84,9 @@ __global__ void __launch_bounds__(kSampledThreads)
   const bool has_q = RowHasQ(a, r, i);
   const float* z = has_q ? a.draft_logits + (r * a.G + i) * a.V : nullptr;
   float* y = a.ws_y + row * a.V;
+  if (chunk == 0 && RowHasTopK(a, r)) {  // the radix passes (later launches) add into these
+    for (int b = threadIdx.x; b < 4 * kRadixBins; b += kSampledThreads) w.hist[row * 4 * kRadixBins + b] = 0u;
+  }
   uint32_t my = 0, mz = 0;  // 0: below every ordered key of a non-NaN float
   for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) {
     float v = static_cast<float>(logits[j]);
@@ -91,12 +105,52 @@ __global__ void __launch_bounds__(kSampledThreads)
   }
 }
 
+// grid (chunks, G + 1, R), block kSampledThreads: pass `pass` (0 .. 3) of the top-k radix select of a row —
+// the histogram of digit `pass` of the chunk's keys that match the digits the earlier passes decided, added
+// to the row's histogram by integer atomics (order-free). Rows without top-k are skipped.
+__global__ void __launch_bounds__(kSampledThreads)
+    SampledTopKPassKernel(RejectionParams a, SampledWork w, int pass) {
+  __shared__ uint32_t hist[kRadixBins];
+  __shared__ uint32_t s_prefix;
+  const int64_t chunk = blockIdx.x, i = blockIdx.y, r = blockIdx.z, row = r * (a.G + 1) + i;
+  if (i >= a.verify_len[r] || !SampledRequest(a, r) || !RowHasTopK(a, r)) return;  // CTA-uniform
+  uint32_t* row_hist = w.hist + row * 4 * kRadixBins;
+  if (threadIdx.x == 0) {
+    int64_t k = a.top_k[r];
+    s_prefix = RadixReplay(row_hist, pass, k);
+  }
+  for (int b = threadIdx.x; b < kRadixBins; b += kSampledThreads) hist[b] = 0u;
+  __syncthreads();
+  const uint32_t prefix = s_prefix, mask = RadixMask(pass);
+  const int shift = 24 - 8 * pass;
+  const float* y = a.ws_y + row * a.V;
+  const int64_t lo = chunk * kSampledChunk, hi = min(a.V, lo + kSampledChunk);
+  for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) {
+    const uint32_t key = ordered_key(y[j]);
+    if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kRadixBins; b += kSampledThreads) {
+    if (hist[b] != 0u) atomicAdd(&row_hist[pass * kRadixBins + b], hist[b]);
+  }
+}
+
 // grid (chunks, G + 1, R), block kSampledThreads.
 __global__ void __launch_bounds__(kSampledThreads) SampledExpKernel(RejectionParams a, SampledWork w) {
+  __shared__ float s_thr;
   const int64_t chunk = blockIdx.x, i = blockIdx.y, r = blockIdx.z, row = r * (a.G + 1) + i;
-  if (i >= a.verify_len[r] || !SampledRequest(a, r)) return;
+  if (i >= a.verify_len[r] || !SampledRequest(a, r)) return;  // CTA-uniform
   const int64_t lo = chunk * kSampledChunk, hi = min(a.V, lo + kSampledChunk);
   const bool has_q = RowHasQ(a, r, i);
+  float thr = -INFINITY;  // top-k: the k-th largest y (the CPU's search keeps the same ids, radix_select.cuh)
+  if (RowHasTopK(a, r)) {
+    if (threadIdx.x == 0) {
+      int64_t k = a.top_k[r];
+      s_thr = key_to_float(RadixReplay(w.hist + row * 4 * kRadixBins, 4, k));
+    }
+    __syncthreads();
+    thr = s_thr;
+  }
   uint32_t ky = 0, kz = 0;  // the row's maxima: integer maxima over its chunks, order-free
   for (int64_t c = 0; c < w.chunks; ++c) {
     ky = max(ky, w.chunk_max[(row * w.chunks + c) * 2]);
@@ -104,7 +158,9 @@ __global__ void __launch_bounds__(kSampledThreads) SampledExpKernel(RejectionPar
   }
   const float m = key_to_float(ky), T = a.temperature[r];
   float* e = a.ws_y + row * a.V;
-  for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) e[j] = exp_exact(add_rn(e[j], -m));
+  for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) {
+    e[j] = e[j] >= thr ? exp_exact(add_rn(e[j], -m)) : 0.0f;
+  }
   if (!has_q) return;
   const float mq = key_to_float(kz);
   const float* z = a.draft_logits + (r * a.G + i) * a.V;
@@ -217,7 +273,7 @@ __global__ void SampledEmitKernel(RejectionParams a, SampledWork w, int64_t R) {
 inline int64_t SampledChunks(int64_t V) { return (V + kSampledChunk - 1) / kSampledChunk; }
 
 // target [T, V]; params with ws_y / ws_w [R, G + 1, V] f32; work sized for R, G and SampledChunks(V).
-// Greedy requests are left untouched; params.top_k and params.top_p must be null.
+// Greedy requests are left untouched; params.top_p must be null.
 template <typename TL>
 cudaError_t RejectionSampleSampledSplit(const TL* target, const RejectionParams& params, int64_t R,
                                         const SampledWork& work, cudaStream_t stream) {
@@ -226,6 +282,11 @@ cudaError_t RejectionSampleSampledSplit(const TL* target, const RejectionParams&
   const dim3 chunk_grid(static_cast<unsigned>(work.chunks), rows, reqs);
   const unsigned walk_blocks = static_cast<unsigned>((R + 127) / 128);
   SampledMaxKernel<TL><<<chunk_grid, kSampledThreads, 0, stream>>>(target, params, work);
+  if (params.top_k != nullptr) {
+    for (int pass = 0; pass < 4; ++pass) {
+      SampledTopKPassKernel<<<chunk_grid, kSampledThreads, 0, stream>>>(params, work, pass);
+    }
+  }
   SampledExpKernel<<<chunk_grid, kSampledThreads, 0, stream>>>(params, work);
   SampledLaneSumKernel<<<dim3(2, rows, reqs), kSumLanes, 0, stream>>>(params, work);
   SampledWalkKernel<<<walk_blocks, 128, 0, stream>>>(params, work, R);
