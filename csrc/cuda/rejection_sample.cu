@@ -17,13 +17,14 @@ namespace {
 
 // The one-block-per-request kernel alone when DSPARK_CUDA_REJECTION_SPLIT=0 (read per call, for
 // comparisons); otherwise greedy requests take the vocabulary-split greedy kernels and, where the grids fit
-// and the per-row workspace stays under 256 MiB, the sampled requests one block per verify row — or, in a
+// and the per-row workspace stays within 1 GiB, the sampled requests one block per verify row — or, in a
 // call without top_p, the vocabulary-split sampled kernels. Every choice gives the same tokens.
 bool split_greedy(int64_t R, int64_t G, int64_t V) {
   return R <= 65535 && G + 1 <= 65535 && V < (int64_t{1} << 32);
 }
 bool split_rows(int64_t R, int64_t G, int64_t V) {
-  return R <= 65535 && 2 * R * (G + 1) * V * 4 <= (int64_t{256} << 20);
+  // 1 GiB: R = 64 verify rows of 8 at V = 151,936 (622 MB, about twice their fp32 draft logits) still split
+  return R <= 65535 && 2 * R * (G + 1) * V * 4 <= (int64_t{1} << 30);
 }
 
 // Buffers of the vocabulary-split sampled kernels (kernels::SampledWork), kept alive for the call.
