@@ -3,7 +3,8 @@
 #   1. build dspark there with CUDA kernels (the machine's own torch, nvcc, cmake, ninja) and check that the
 #      build has them (a build without them would only skip the CUDA tests);
 #   2. pytest -m cuda (every op's CUDA result against its CPU result with the same inputs and seeds, opcheck,
-#      CUDA-graph replay, the decoder's greedy output and host-sync count on CUDA);
+#      CUDA-graph replay, the decoder's greedy output and host-sync count on CUDA), one line per test, so a
+#      kernel that hangs until the timeout is named by the log's last line;
 #   3. the end-to-end round benchmark (bench_e2e_gpu.py: random SmolLM2-135M- and Qwen3-8B-shaped targets,
 #      per-stage CUDA-event times, HF generate baselines, eager vs CUDA-graph rounds, greedy canary), the full run when enough of the budget
 #      is left, else its --quick run;
@@ -72,7 +73,7 @@ fi
 
 say "pytest -m cuda ($(left)s left)"
 t=$(($(left) - 60)); [ "$t" -lt 30 ] && t=30
-timeout "$t" "$PY" -m pytest tests -m cuda -q -p no:cacheprovider -rfE --tb=short --durations=10 \
+timeout "$t" "$PY" -m pytest tests -m cuda -v -p no:cacheprovider -rfE --tb=short --durations=10 \
   >"$OUT/pytest_cuda.log" 2>&1
 rc_test=$?
 tail -15 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"

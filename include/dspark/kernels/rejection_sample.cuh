@@ -6,7 +6,7 @@
 // rows of a request run either in order in one block (stopping at the first rejection) or each in its own
 // block followed by a walk (rows past the first rejection computed and dropped): the Philox keys name the
 // row, so both give the same tokens. Greedy requests may go to vocabulary-split kernels instead
-// (rejection_sample_greedy.cuh), and so may every sampled request of a call without top-k / top-p
+// (rejection_sample_greedy.cuh), and so may every sampled request of a call without top-p
 // (rejection_sample_split.cuh; the launcher then runs none of the kernels below). Every sum, exp, log and tie
 // rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same tokens.
 #pragma once
@@ -153,8 +153,8 @@ __device__ RowOutcome RejectionRow(const TL* __restrict__ target, const Rejectio
   const float m = top.key;
   const uint32_t key_lo = ordered_key(-INFINITY), key_hi = ordered_key(m);
   float thr = -INFINITY;
-  if (top_k > 0 &&
-      top_k < V) {  // the k-th largest key: the same kept ids as the CPU's search (radix_select.cuh)
+  // top-k: the k-th largest key, which keeps the ids the CPU's search keeps (radix_select.cuh)
+  if (top_k > 0 && top_k < V) {
     thr = key_to_float(BlockRadixKthLargest(V, top_k, [&](int64_t j) { return ordered_key(y[j]); }, rs));
   }
   float lane = 0.f;
