@@ -57,7 +57,7 @@ if ! "$PY" -m pip install -v --no-build-isolation --no-deps --target /tmp/dspark
   tail -60 "$OUT/build.log"
   exit 1
 fi
-export PYTHONPATH="/tmp/dspark-site:$PYTHONPATH"
+export PYTHONPATH="/tmp/dspark-site${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" - "$DSPARK_ENABLE_CUDA" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"; then
 import sys
 
