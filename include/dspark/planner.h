@@ -69,15 +69,18 @@ DSPARK_HD bool admission_stops(int64_t tau_fixed_after, int64_t value_fixed, int
 }
 
 // Algorithm 1 (paper, p. 8) on an ordered candidate list: admit while Theta strictly improves, stop at the
-// first non-improvement. Returns how many leading candidates are admitted. (Every admitted candidate
-// improved on the one before, so the best Theta so far is always the previous one's.)
+// first non-improvement. Returns how many leading candidates are admitted. Every admitted candidate improved
+// on the one before, so the best Theta so far is the previous one's: the walk stops at the first i with
+// admission_stops, and carries Theta instead of recomputing it (the same bits: the same tau and B).
 DSPARK_HD int64_t early_stop_admit(const float* sorted_survival, int64_t n, int64_t num_requests,
                                    const int64_t* tokens, const double* rate, int64_t n_probes) {
   int64_t tau = tau_fixed_of_anchors(num_requests);
+  double best = plan_theta(tau, num_requests, tokens, rate, n_probes);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t v = survival_fixed(sorted_survival[i]);
-    tau += v;
-    if (admission_stops(tau, v, i, num_requests, tokens, rate, n_probes)) return i;
+    tau += survival_fixed(sorted_survival[i]);
+    const double theta = plan_theta(tau, num_requests + i + 1, tokens, rate, n_probes);
+    if (!(theta > best)) return i;
+    best = theta;
   }
   return n;
 }
