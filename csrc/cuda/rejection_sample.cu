@@ -39,7 +39,7 @@ SampledBuffers sampled_buffers(int64_t R, int64_t G, int64_t V, bool top_k, cons
     b.hist = at::empty({R, G + 1, 4, kernels::kRadixBins}, o.dtype(at::kInt));
     b.work.hist = reinterpret_cast<uint32_t*>(b.hist.data_ptr<int32_t>());
   }
-  b.work.chunks = kernels::SampledChunks(V);
+  b.work.chunks = kernels::VocabChunks(V);
   b.chunk_max = at::empty({R, G + 1, b.work.chunks, 2}, o.dtype(at::kInt));
   b.sums = at::empty({R, G + 1, 2}, o.dtype(at::kFloat));
   b.stop = at::empty({R, 2}, o.dtype(at::kInt));
@@ -133,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   p.offset = static_cast<uint64_t>(offset);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor best;  // [R, g + 1, chunks] packed (value, id) maxima of the greedy rows
-  if (split && split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::GreedyChunks(V)}, dt.options());
+  if (split && split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::VocabChunks(V)}, dt.options());
   // a call without top-p: sampled rows over the vocabulary, in the row kernels' workspace (ws)
   SampledBuffers sampled;
   const bool split_sampled = rows && split_greedy(R, G, V) && !tp.defined();

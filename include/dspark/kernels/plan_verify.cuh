@@ -133,6 +133,25 @@ __device__ __forceinline__ int64_t PlanBlockSum(int64_t v, unsigned long long* s
   return static_cast<int64_t>(*s_acc);
 }
 
+// The SPS table for a kernel's reads: copied into shared memory at `dst` (n_probes rates, then n_probes
+// tokens; 8-byte aligned) when `stage`, else read from global memory. The copy is published by the caller's
+// next barrier.
+struct PlanProbes {
+  const int64_t* tokens;
+  const double* rate;
+};
+__device__ __forceinline__ PlanProbes PlanStageProbes(const int64_t* tokens, const double* rate,
+                                                      int64_t n_probes, bool stage, unsigned char* dst) {
+  if (!stage) return {tokens, rate};
+  double* s_rate = reinterpret_cast<double*>(dst);
+  int64_t* s_tok = reinterpret_cast<int64_t*>(dst + n_probes * sizeof(double));
+  for (int64_t i = threadIdx.x; i < n_probes; i += blockDim.x) {
+    s_rate[i] = rate[i];
+    s_tok[i] = tokens[i];
+  }
+  return {s_tok, s_rate};
+}
+
 // grid: 1 block of kPlanFinalizeThreads; dynamic shared memory: n_probes * (8 + 8) bytes when staged.
 // survival, lagged: [R, G] f32; rank [R * G] i32, sorted, sorted_lagged [<= R * G] f32 (from PlanRankKernel;
 // unused for full / threshold); tokens [n_probes] i64, rate [n_probes] f64
@@ -166,18 +185,9 @@ __global__ void PlanFinalizeKernel(const DType* __restrict__ survival, const DTy
   }
 
   // early_stop / lagged_topk. Stage the SPS table (read ~log2(n_probes) times per admitted candidate).
-  const int64_t* tok = tokens;
-  const double* rt = rate;
-  if (stage_probes) {
-    double* s_rate = reinterpret_cast<double*>(s_raw);
-    int64_t* s_tok = reinterpret_cast<int64_t*>(s_raw + n_probes * sizeof(double));
-    for (int64_t i = threadIdx.x; i < n_probes; i += blockDim.x) {
-      s_rate[i] = rate[i];
-      s_tok[i] = tokens[i];
-    }
-    tok = s_tok;
-    rt = s_rate;
-  }
+  const PlanProbes probes = PlanStageProbes(tokens, rate, n_probes, stage_probes, s_raw);
+  const int64_t* tok = probes.tokens;
+  const double* rt = probes.rate;
   int64_t local_cur = 0, local_lag = 0;
   for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
     local_cur += static_cast<float>(survival[c]) > 0.f ? 1 : 0;
@@ -352,19 +362,11 @@ __global__ void __launch_bounds__(kPlanOneBlockThreads)
   __shared__ int64_t s_warp[kPlanOneBlockThreads / 32];
   __shared__ unsigned long long s_max, s_min;
   uint64_t* s_keys = reinterpret_cast<uint64_t*>(s_raw);
-  const int64_t* tok = tokens;
-  const double* rt = rate;
-  if (stage_probes) {  // published by the barrier PlanSortCandidates starts with
-    double* s_rate = reinterpret_cast<double*>(s_raw + n_pow2 * sizeof(uint64_t));
-    int64_t* s_tok =
-        reinterpret_cast<int64_t*>(s_raw + n_pow2 * sizeof(uint64_t) + n_probes * sizeof(double));
-    for (int64_t i = threadIdx.x; i < n_probes; i += blockDim.x) {
-      s_rate[i] = rate[i];
-      s_tok[i] = tokens[i];
-    }
-    tok = s_tok;
-    rt = s_rate;
-  }
+  // after the keys; published by the barrier PlanSortCandidates starts with
+  const PlanProbes probes =
+      PlanStageProbes(tokens, rate, n_probes, stage_probes, s_raw + n_pow2 * sizeof(uint64_t));
+  const int64_t* tok = probes.tokens;
+  const double* rt = probes.rate;
   for (int64_t r = threadIdx.x; r < R; r += blockDim.x) verify_len[r] = 1;  // anchors; drafts added below
   int64_t take = 0;
   if (mode == kPlanLaggedTopK) {

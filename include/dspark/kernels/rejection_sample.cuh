@@ -47,6 +47,11 @@ __device__ __forceinline__ bool ElsewhereRequest(const RejectionParams& a, int64
   return a.temperature[r] == 0.0f && a.greedy_elsewhere;
 }
 
+// The vocabulary-split kernels (greedy and sampled) give each CTA one chunk of a row's ids; the split
+// depends on V alone.
+constexpr int64_t kVocabChunk = 4096;
+inline int64_t VocabChunks(int64_t V) { return (V + kVocabChunk - 1) / kVocabChunk; }
+
 // A (key, id) candidate packed so that an integer max is best_of's winner: the key's order, then the lowest
 // id. -0 is folded into +0 (they tie under best_of's float comparison; their ordered keys differ). Every
 // packed candidate is >= 1, so 0 stands for none.

@@ -21,23 +21,19 @@
 namespace dspark::kernels {
 
 constexpr int kGreedyThreads = 256;
-constexpr int64_t kGreedyChunk = 4096;  // vocabulary ids per CTA
-
-inline int64_t GreedyChunks(int64_t V) { return (V + kGreedyChunk - 1) / kGreedyChunk; }
-
-// grid (GreedyChunks(V), G + 1, R), block kGreedyThreads -> best [R, G + 1, chunks] u64 (rows < verify_len of
+// grid (VocabChunks(V), G + 1, R), block kGreedyThreads -> best [R, G + 1, chunks] u64 (rows < verify_len of
 // greedy requests only)
 template <typename TL>
 __global__ void __launch_bounds__(kGreedyThreads)
     GreedyChunkKernel(const TL* __restrict__ target, RejectionParams a, uint64_t* __restrict__ best) {
-  __shared__ uint32_t penalised[kGreedyChunk / 32];
+  __shared__ uint32_t penalised[kVocabChunk / 32];
   __shared__ uint64_t warp_best[kGreedyThreads / 32];
   const int64_t chunk = blockIdx.x, i = blockIdx.y, r = blockIdx.z, chunks = gridDim.x;
   if (a.temperature[r] != 0.0f || i >= a.verify_len[r]) return;  // CTA-uniform, before any barrier
-  const int64_t lo = chunk * kGreedyChunk, hi = min(a.V, lo + kGreedyChunk);
+  const int64_t lo = chunk * kVocabChunk, hi = min(a.V, lo + kVocabChunk);
   const TL* row = target + (static_cast<int64_t>(a.qo_indptr[r]) + i) * a.V;
   const float pen = a.penalty ? a.penalty[r] : 1.0f;
-  if (pen != 1.0f) ChunkPenalised(a, r, i, lo, hi, penalised, kGreedyChunk / 32);
+  if (pen != 1.0f) ChunkPenalised(a, r, i, lo, hi, penalised, kVocabChunk / 32);
   uint64_t mine = 0;  // below every packed candidate (ordered keys of floats are >= 1)
   for (int64_t j = lo + threadIdx.x; j < hi; j += kGreedyThreads) {
     float v = static_cast<float>(row[j]);
@@ -75,7 +71,7 @@ template <typename TL>
 cudaError_t RejectionSampleGreedy(const TL* target, const RejectionParams& params, int64_t R, uint64_t* best,
                                   cudaStream_t stream) {
   if (R <= 0) return cudaSuccess;
-  const int64_t chunks = GreedyChunks(params.V);
+  const int64_t chunks = VocabChunks(params.V);
   const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(params.G + 1),
                   static_cast<unsigned>(R));
   GreedyChunkKernel<TL><<<grid, kGreedyThreads, 0, stream>>>(target, params, best);

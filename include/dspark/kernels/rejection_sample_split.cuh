@@ -47,7 +47,6 @@ __device__ __forceinline__ bool RowHasTopK(const RejectionParams& a, int64_t r) 
 }
 
 constexpr int kSampledThreads = 256;
-constexpr int64_t kSampledChunk = kGreedyChunk;  // vocabulary ids per CTA (the split depends on V alone)
 
 // Small per-call workspace of the sampled split kernels.
 struct SampledWork {
@@ -73,14 +72,14 @@ __device__ __forceinline__ bool RowHasQ(const RejectionParams& a, int64_t r, int
 template <typename TL>
 __global__ void __launch_bounds__(kSampledThreads)
     SampledMaxKernel(const TL* __restrict__ target, RejectionParams a, SampledWork w) {
-  __shared__ uint32_t penalised[kSampledChunk / 32];
+  __shared__ uint32_t penalised[kVocabChunk / 32];
   __shared__ uint64_t warp_best[kSampledThreads / 32];
   const int64_t chunk = blockIdx.x, i = blockIdx.y, r = blockIdx.z, row = r * (a.G + 1) + i;
   if (i >= a.verify_len[r] || !SampledRequest(a, r)) return;  // CTA-uniform, before any barrier
-  const int64_t lo = chunk * kSampledChunk, hi = min(a.V, lo + kSampledChunk);
+  const int64_t lo = chunk * kVocabChunk, hi = min(a.V, lo + kVocabChunk);
   const TL* logits = target + (static_cast<int64_t>(a.qo_indptr[r]) + i) * a.V;
   const float T = a.temperature[r], pen = a.penalty ? a.penalty[r] : 1.0f;
-  if (pen != 1.0f) ChunkPenalised(a, r, i, lo, hi, penalised, kSampledChunk / 32);
+  if (pen != 1.0f) ChunkPenalised(a, r, i, lo, hi, penalised, kVocabChunk / 32);
   const bool has_q = RowHasQ(a, r, i);
   const float* z = has_q ? a.draft_logits + (r * a.G + i) * a.V : nullptr;
   float* y = a.ws_y + row * a.V;
@@ -124,7 +123,7 @@ __global__ void __launch_bounds__(kSampledThreads)
   const uint32_t prefix = s_prefix, mask = RadixMask(pass);
   const int shift = 24 - 8 * pass;
   const float* y = a.ws_y + row * a.V;
-  const int64_t lo = chunk * kSampledChunk, hi = min(a.V, lo + kSampledChunk);
+  const int64_t lo = chunk * kVocabChunk, hi = min(a.V, lo + kVocabChunk);
   for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) {
     const uint32_t key = ordered_key(y[j]);
     if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
@@ -140,7 +139,7 @@ __global__ void __launch_bounds__(kSampledThreads) SampledExpKernel(RejectionPar
   __shared__ float s_thr;
   const int64_t chunk = blockIdx.x, i = blockIdx.y, r = blockIdx.z, row = r * (a.G + 1) + i;
   if (i >= a.verify_len[r] || !SampledRequest(a, r)) return;  // CTA-uniform
-  const int64_t lo = chunk * kSampledChunk, hi = min(a.V, lo + kSampledChunk);
+  const int64_t lo = chunk * kVocabChunk, hi = min(a.V, lo + kVocabChunk);
   const bool has_q = RowHasQ(a, r, i);
   float thr = -INFINITY;  // top-k: the k-th largest y (the CPU's search keeps the same ids, radix_select.cuh)
   if (RowHasTopK(a, r)) {
@@ -237,7 +236,7 @@ __global__ void __launch_bounds__(kSampledThreads) SampledDrawKernel(RejectionPa
   const float sum = w.sums[row * 2], sum_q = has_q ? w.sums[row * 2 + 1] : 1.0f;
   const float* e = a.ws_y + row * a.V;
   const float* wq = a.ws_w + row * a.V;
-  const int64_t lo = chunk * kSampledChunk, hi = min(a.V, lo + kSampledChunk);
+  const int64_t lo = chunk * kVocabChunk, hi = min(a.V, lo + kVocabChunk);
   uint64_t best_res = 0, best_p = 0;
   for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) {
     const float p = div_rn(e[j], sum);
@@ -270,9 +269,7 @@ __global__ void SampledEmitKernel(RejectionParams a, SampledWork w, int64_t R) {
   a.out_tokens[r * (a.G + 1) + w.stop[r * 2]] = pick != 0 ? PackedIdx(pick) : -1;
 }
 
-inline int64_t SampledChunks(int64_t V) { return (V + kSampledChunk - 1) / kSampledChunk; }
-
-// target [T, V]; params with ws_y / ws_w [R, G + 1, V] f32; work sized for R, G and SampledChunks(V).
+// target [T, V]; params with ws_y / ws_w [R, G + 1, V] f32; work sized for R, G and VocabChunks(V).
 // Greedy requests are left untouched; params.top_p must be null.
 template <typename TL>
 cudaError_t RejectionSampleSampledSplit(const TL* target, const RejectionParams& params, int64_t R,
