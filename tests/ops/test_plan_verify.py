@@ -230,6 +230,8 @@ def _args(**changes):
         (dict(survival=torch.rand(3, 4, dtype=torch.float64)), "survival must be torch.float32"),
         (dict(survival=torch.rand(3)), "survival must be 2-D"),
         (dict(survival=torch.zeros(2, 0)), "gamma >= 1"),
+        # tau's int64 fixed point bounds the batch (a stride-0 view: no 8 GiB tensor is allocated)
+        (dict(survival=torch.zeros(1, 1).expand(2**20, 2**11)), "survival must have R \\* \\(gamma \\+ 1\\)"),
         (dict(mode="greedy"), "mode must be one of"),
         (dict(mode="lagged_topk"), "needs lagged_survival"),
         (dict(mode="lagged_topk", lagged_survival=torch.ones(3, 5)), "lagged_survival must have the shape"),
