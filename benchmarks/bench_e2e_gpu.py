@@ -48,7 +48,8 @@ What one batch size R measures (all greedy, EOS ignored, R random prompts of ``-
    a failure; random weights make near-ties likelier than a trained model does. Any other difference on (A)
    exits with status 1 after the report is written; on (B) (bf16) it is reported only.
 5. **CUDA graphs** (CUDA, unless ``--no-graphs``): both engine runs again with ``cuda_graphs=True`` (the
-   target's decode / verify forwards replayed from graphs bucketed by request and token count; the untimed
+   target's decode / verify forwards replayed from graphs bucketed by request and token count, the drafter's
+   block forward from graphs bucketed by request count; the untimed
    first rounds of each l capture them), without op marks; their round times against the eager runs, the
    graphs' captures and pool memory, and their tokens in the greedy canary.
 6. **Cost table and projection**: the timed rounds become dspark's cost table (verify ms per (R, B = R·l),

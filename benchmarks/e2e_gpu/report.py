@@ -293,7 +293,7 @@ def graphs_table(batches: list[Batch]) -> str | None:
     if not any(b.graphs for b in batches):
         return None
     head = ["R", "l", "eager round ms", "graphs round ms", "eager / graphs", "verify eager / graphs ms"]
-    head += ["captures", "graph pool MiB"]
+    head += ["draft eager / graphs ms", "captures (target + drafter)", "graph pool MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b in batches:
         g = b.graphs
@@ -305,12 +305,16 @@ def graphs_table(batches: list[Batch]) -> str | None:
             if eager is None or graphed is None:
                 continue
             stats = run.graphs or {}
+            drafter = stats.get("drafter") or {}
             ratio = eager.round_ms / graphed.round_ms if graphed.round_ms > 0 else None
             label = "plain" if run is g.plain_run else str(graphed.verify_len)
+            draft = "-" if run is g.plain_run else f"{_f(eager.stages['draft'])} / {_f(graphed.stages['draft'])}"
+            captures = f"{stats.get('captures', '-')} + {drafter.get('captures', 0)}"
+            pool = (stats.get("pool_mib") or 0) + (drafter.get("pool_mib") or 0)
             lines.append(
                 f"| {b.R} | {label} | {_f(eager.round_ms)} | {_f(graphed.round_ms)} | {_f(ratio)}x | "
-                f"{_f(eager.stages['verify'])} / {_f(graphed.stages['verify'])} | {stats.get('captures', '-')} | "
-                f"{stats.get('pool_mib', '-')} |"
+                f"{_f(eager.stages['verify'])} / {_f(graphed.stages['verify'])} | {draft} | {captures} | "
+                f"{_f(pool)} |"
             )
     return "\n".join(lines)
 

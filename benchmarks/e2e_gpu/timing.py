@@ -217,7 +217,7 @@ def run_engine(
 
     With ``drafter`` None this is plain decoding through the engine (the schedule's lengths are ignored: 1).
     The drafter drafts all γ slots every round (``adaptive_slots=False``), so the draft stages cost the same at
-    every verify length. ``cuda_graphs``: the target's forwards replay from CUDA graphs (the first rounds of
+    every verify length. ``cuda_graphs``: the target's forwards and the drafter's block forward replay from CUDA graphs (the first rounds of
     each verify length, untimed, capture them); ``EngineRun.graphs`` then says what they did.
     """
     R = len(prompts)
@@ -282,6 +282,8 @@ def run_engine(
         mem = peak_mb(device)
         rounds = rec.resolve()
         graphs = describe(dec.adapter.graph_stats) if cuda_graphs else None
+        if graphs is not None and dec.drafter_graphs is not None:  # the drafter's block forward
+            graphs["drafter"] = describe(dec.drafter_graphs.stats)
     finally:
         _ACTIVE.remove(rec)
         if drafter is not None:

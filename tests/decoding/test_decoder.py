@@ -138,17 +138,17 @@ class ContextCheckingDecoder(DSparkDecoder):
     reference = None  # a copy of the target with its own attention (the decoder switches the target's)
 
     def _release(self, r):
-        ctx = self.drafter._contexts.get(r.rid)
-        if ctx is not None and ctx.length:
-            tokens = (r.prompt + r.generated)[: ctx.length]
+        store = self.drafter.contexts
+        n = store.length(r.rid)
+        if n:
+            tokens = (r.prompt + r.generated)[:n]
             with torch.no_grad():
                 hs = self.reference(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states
             fresh_id = 10_000 + r.rid
             self.drafter.append_context([fresh_id], [self.drafter.features_from_hidden_states(hs)[0]])
-            fresh = self.drafter._contexts[fresh_id]
-            n = ctx.length
-            torch.testing.assert_close(ctx.k[:, :n], fresh.k[:, :n], atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(ctx.v[:, :n], fresh.v[:, :n], atol=1e-4, rtol=1e-4)
+            (k, v), (k_fresh, v_fresh) = store.context_kv(r.rid), store.context_kv(fresh_id)
+            torch.testing.assert_close(k, k_fresh, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v, v_fresh, atol=1e-4, rtol=1e-4)
             self.drafter.finish(fresh_id)
             type(self).checks += 1
         super()._release(r)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DSparkDecoder with the target's forwards replayed from CUDA graphs (skipped without a GPU and a CUDA build).
+"""DSparkDecoder with the target's forwards and the drafter's block forward replayed from CUDA graphs (skipped
+without a GPU and a CUDA build).
 
 Greedy output equals the target's own greedy decoding through ragged verify blocks, truncation (rejected
 drafts), preemption, a KV cache that grows (the graphs are dropped and captured again) and evictions; a round
@@ -14,13 +15,17 @@ import pytest
 import torch
 
 from dspark import DSparkDecoder, GraphBuckets
+from dspark.models.drafter_graphs import DrafterGraphs
 from dspark.models.target import TargetAdapter
 from dspark.models.target_graphs import TargetGraphs
 from tests.decoding.test_decoder import SPS, hf_greedy, prompts_of
 from tests.decoding.test_decoder_cuda import _count_syncs, _uncounted
 from tests.decoding.toy_models import random_drafter, tiny_target
 from tests.models.test_target_graphs import ATOL, _ragged_rounds
+from tests.models.test_drafter_graphs import _pair
+from tests.models.test_drafter_graphs import _rounds as _drafter_rounds
 from tests.models.tiny import tiny_model
+from tests.training.test_copy_channel import frozen_target
 
 pytestmark = [
     pytest.mark.cuda,
@@ -50,10 +55,13 @@ def test_greedy_with_graphs_equals_the_target_and_syncs_only_at_counted_reads(mo
         out, stacks = _count_syncs(lambda: dec.generate(prompts, max_new_tokens=12, eos_token_id=[]))
         counted = dec.host.syncs - before
         stats = dec.adapter.graph_stats
+        drafter_stats = dec.drafter_graphs.stats
     finally:
         dec.close()
     assert out.sequences == want
     assert stats.disabled is None and stats.replays > 0 and captured > 0
+    # the drafter's block forward replays too (unless every round took lookup blocks alone)
+    assert drafter_stats.disabled is None and drafter_stats.captures > 0 and drafter_stats.replays > 0
     others = _uncounted(stacks)
     if stats.captures == captured:  # no new bucket in the measured call (a capture synchronises once)
         assert not others and len(stacks) == counted, "\n----\n".join(others)
@@ -71,10 +79,12 @@ def test_graphs_survive_preemption_cache_growth_and_evictions():
     try:
         out = dec.generate(prompts, max_new_tokens=14, eos_token_id=[])
         stats = dec.adapter.graph_stats
+        drafter_stats = dec.drafter_graphs.stats
     finally:
         dec.close()
     assert out.sequences == want
     assert stats.replays > 0 and stats.evictions > 0 and stats.disabled is None
+    assert drafter_stats.replays > 0 and drafter_stats.disabled is None
 
 
 def test_captured_forwards_equal_the_plain_forward_when_the_cache_grows():
@@ -115,3 +125,48 @@ def test_a_failed_capture_turns_graphs_off_and_the_output_stays_right(monkeypatc
         dec.close()
     assert out.sequences == want
     assert stats.disabled is not None and stats.eager.get("disabled", 0) > 0
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_captured_block_forwards_equal_the_plain_one(v2):
+    """The drafter's graphs against its eager block forward over ragged rounds: changing request counts
+    (padding), context growth past the pages the pool started with (captured again), truncations."""
+    target = frozen_target().to("cuda")
+    plain, graphed = _pair(target, v2)
+    plain, graphed = plain.to("cuda"), graphed.to("cuda")
+    graphed.graphs = DrafterGraphs(graphed, GraphBuckets(requests=(1, 2, 4, 8)))
+    n = 0
+    for want, got, ids in _drafter_rounds(plain, graphed, random.Random(3), rounds=24):
+        torch.testing.assert_close(got.hidden, want.hidden, atol=ATOL, rtol=0)
+        assert torch.equal(got.tokens, want.tokens)
+        for rid in ids:
+            for a, b in zip(graphed.contexts.context_kv(rid), plain.contexts.context_kv(rid), strict=True):
+                torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+        n += 1
+    stats = graphed.graphs.stats
+    assert stats.replays == n and stats.captures >= 2 and stats.disabled is None
+
+
+def test_a_failed_drafter_capture_turns_its_graphs_off_and_the_output_stays_right(monkeypatch):
+    target = tiny_target("llama", seed=5).to("cuda")
+    prompts = prompts_of([4, 9], 96, seed=5)
+    want = [hf_greedy(target, p, 8) for p in prompts]
+    drafter = random_drafter(target)
+    dec = DSparkDecoder(target, drafter, cuda_graphs=True)
+    real = drafter.block_forward
+
+    def syncing(*args, **kwargs):
+        if torch.cuda.is_current_stream_capturing():
+            torch.ones(1, device="cuda").item()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(drafter, "block_forward", syncing)
+    try:
+        with pytest.warns(RuntimeWarning, match="CUDA graph capture failed"):
+            out = dec.generate(prompts, max_new_tokens=8, eos_token_id=[])
+        stats = dec.drafter_graphs.stats
+    finally:
+        dec.close()
+    assert out.sequences == want
+    assert stats.disabled is not None and stats.eager.get("disabled", 0) > 0
+    assert drafter.graphs is None  # closing the decoder detached them

@@ -27,7 +27,7 @@ def check_empty(dec):
     pool = dec.adapter.pool
     pool.check()
     assert pool.used_pages == 0 and pool.requests == []
-    assert dec.drafter is None or dec.drafter._contexts == {}
+    assert dec.drafter is None or dec.drafter.contexts.requests == []
 
 
 # ---------------------------------------------------------------------------------------------- KV pressure

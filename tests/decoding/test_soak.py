@@ -145,7 +145,7 @@ def test_soak():
                 checked += len(want[i])
             pool = dec.adapter.pool
             pool.check()
-            assert pool.used_pages == 0 and pool.requests == [] and drafter._contexts == {}
+            assert pool.used_pages == 0 and pool.requests == [] and drafter.contexts.requests == []
         assert len(calls) > 32 and checked >= 120
         assert dec.stats.preemptions > 0  # the pool was short: requests were preempted and resumed
         # the decoder serves the next call correctly

@@ -38,6 +38,7 @@ from dspark.decoding.stopping import StopCriteria, TextStream
 from dspark.host_sync import HostReader
 from dspark.kv import KVPoolExhausted
 from dspark.models.drafter import DSparkDrafter
+from dspark.models.drafter_graphs import DrafterGraphs
 from dspark.models.pairing import target_text_config, validate_pairing
 from dspark.models.target import TargetAdapter
 from dspark.models.target_graphs import GraphBuckets
@@ -104,8 +105,10 @@ class DSparkDecoder:
         committed token.
     cuda_graphs : bool or GraphBuckets
         Replay the target's decode / verify forwards from CUDA graphs bucketed by request and token count
-        (:class:`dspark.models.target.TargetAdapter`; prefills stay eager). CUDA only; default off.
-        ``decoder.adapter.graph_stats`` says what they did.
+        (:class:`dspark.models.target.TargetAdapter`; prefills stay eager), and the drafter's block forward
+        from graphs bucketed by request count (:class:`dspark.models.drafter_graphs.DrafterGraphs`). CUDA
+        only; default off. ``decoder.adapter.graph_stats`` and ``decoder.drafter_graphs.stats`` say what they
+        did.
     measure_costs : bool
         Correct the cost table (``sps_table``, needed) with the verify and drafter times measured in each round,
         so that the planner prices this machine, context length and dtype rather than the profiled ones
@@ -238,6 +241,11 @@ class DSparkDecoder:
             linear_max_rows=linear_max_rows,
             cuda_graphs=cuda_graphs,
         )
+        self.drafter_graphs = (
+            None  # the drafter's block forward in CUDA graphs too, with the target's buckets
+        )
+        if drafter is not None and self.adapter.graphs is not None:
+            self.drafter_graphs = drafter.graphs = DrafterGraphs(drafter, self.adapter.graphs.buckets)
         dev = self.adapter.device  # the STS vectors move to the device once, not every round
         self.sts = None if sts_t is None else sts_t.to(dev)
         self.sts_bias = None if sts_b is None else sts_b.to(dev)
@@ -257,15 +265,18 @@ class DSparkDecoder:
         return max(self.gamma, self.lookup_width)
 
     def close(self) -> None:
-        """Restore the target's attention implementation and free the KV caches (idempotent)."""
+        """Restore the target's attention implementation, free the KV caches and the CUDA graphs (idempotent)."""
         self.adapter.close()
+        if self.drafter_graphs is not None and self.drafter.graphs is self.drafter_graphs:
+            self.drafter.graphs = None
+        self.drafter_graphs = None
 
     def compile(self, **options: Any) -> DSparkDecoder:
         """``torch.compile`` the drafter's dense per-row work, in place; returns ``self``.
 
         Compiled (``nn.Module.compile``, so parameter names and checkpoints are unchanged): every draft layer's
         norms and MLP, the final norm, and the context projection ``fc`` + ``hidden_norm``. The attention over
-        each request's context, Markov sampling and confidence are custom ops / ragged loops and stay eager.
+        the paged contexts, Markov sampling and confidence are custom ops and stay eager.
         Shapes vary with the number of requests, so ``dynamic=True`` is the default. ``options`` go to
         ``torch.compile`` (e.g. ``mode="max-autotune"``). Outputs are unchanged up to float rounding.
         """

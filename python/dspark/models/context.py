@@ -1,90 +1,183 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Per-request drafter context cache: projected, normed, rotated K/V of committed tokens, per draft layer.
+"""The drafter's context cache: projected, normed, rotated K/V of committed rows, in pages shared by all requests.
 
-Each request owns two growable buffers ``k, v`` of shape ``[L, capacity, kv_heads, D]``; rows ``[0, length)``
-are committed context at absolute positions ``first_position + [0, length)``. A draft round writes its block
-K/V into the scratch rows ``[length, length + gamma)`` and attends to ``[0, length + gamma)`` without advancing
-``length``, so block K/V never persist. Requests are independent (no padding, no cross-request mask): a batch
-of requests with different lengths gives, row for row, what each request gives alone.
+One :class:`~dspark.kv.pool.PagePool` hands out pages; each draft layer has a K and a V cache
+``(num_pages, page_size, kv_heads, D)``, written by ``paged_kv_append`` and read by ``paged_verify_attention``
+(non-causal) — the target's layout, so a whole batch's block attention is one op call per layer instead of one
+attention call per request, and a draft round has fixed shapes for a given request count (what a CUDA graph
+needs: ``DrafterGraphs``). Request ``rid``'s rows ``[0, length)`` are its committed context at absolute
+positions ``first_position + [0, length)``. A draft round appends its block K/V as scratch rows
+``[length, length + g)`` (:meth:`PagedContexts.open_block`) and drops them afterwards (:meth:`close_block`),
+so block K/V never persist. Requests are independent: a batch of requests with different lengths gives, row
+for row, what each request gives alone.
 
-A paged layout (``paged_kv_append`` + ``paged_verify_attention`` with a non-causal block mask) can replace this
-class behind the same three calls: ``reserve``, ``append`` and ``keys_values``.
+A drafter that reads context row ``a - 1`` (``context_projection``) also keeps the rows themselves,
+``(num_pages · page_size, H)``, indexed by the same slots.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
+from dspark.kv.pool import PagePool
+from dspark.ops import paged_kv_append
 
-class RequestContext:
-    """Context K/V of one request (see the module docstring)."""
+PAGE_SIZE = 16
+
+
+class PagedContexts:
+    """Context K/V (and rows) of every request of one drafter (see the module docstring).
+
+    Parameters
+    ----------
+    layers, kv_heads, head_dim : int
+        The drafter's layer count and K/V shape.
+    dtype, device
+        Of the caches (the drafter's).
+    row_width : int
+        ``H`` to keep the context rows (``context_projection``), 0 not to.
+    num_pages : int
+        Pages to start with; the pool doubles (and the caches with it) when it runs out.
+    """
 
     def __init__(
         self,
         layers: int,
         kv_heads: int,
         head_dim: int,
-        dtype,
-        device,
-        first_position: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
         row_width: int = 0,
+        num_pages: int = 16,
     ) -> None:
-        self.shape = (layers, kv_heads, head_dim)
-        self.dtype, self.device = dtype, device
-        self.first_position = first_position
-        self.length = 0
-        self.k = torch.empty(layers, 0, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
-        # the context rows themselves (row_width = H), for a drafter that reads row a-1 (context_projection)
-        self.rows = torch.empty(0, row_width, dtype=dtype, device=device) if row_width else None
+        self.dtype, self.device = dtype, torch.device(device)
+        self.pool = PagePool(PAGE_SIZE, num_pages, None)
+        shape = (num_pages, PAGE_SIZE, kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
+        # rows by slot (context_projection); None when not kept
+        self.rows = (
+            torch.zeros(num_pages * PAGE_SIZE, row_width, dtype=dtype, device=self.device)
+            if row_width
+            else None
+        )
+        self._first: dict[int, int] = {}
+
+    # ---- per request ----------------------------------------------------------------------------------------
+    def __contains__(self, rid: int) -> bool:
+        return rid in self._first
 
     @property
-    def next_position(self) -> int:
-        """Absolute position of the first row after the context (the anchor's position)."""
-        return self.first_position + self.length
+    def requests(self) -> list[int]:
+        """The requests that hold a context."""
+        return list(self._first)
 
-    def reserve(self, rows: int) -> None:
-        """Make room for ``rows`` rows in total (doubling, so appends are amortised O(1) per row)."""
-        cap = self.k.shape[1]
-        if rows <= cap:
+    def start(self, rid: int, first_position: int) -> None:
+        """A new, empty context whose first row will be at ``first_position``."""
+        self.pool.add_request(rid)
+        self._first[rid] = first_position
+
+    def length(self, rid: int) -> int:
+        """Committed rows of ``rid`` (0 without a context)."""
+        return self.pool.length(rid) if rid in self._first else 0
+
+    def next_position(self, rid: int) -> int:
+        """Absolute position of the first row after the context (the anchor's position; 0 without one)."""
+        return self._first[rid] + self.pool.length(rid) if rid in self._first else 0
+
+    def truncate(self, rid: int, length: int) -> None:
+        """Keep the first ``length`` rows (``ValueError`` outside ``[0, length(rid)]``)."""
+        if not 0 <= length <= self.pool.length(rid):
+            raise ValueError(f"length: must be in [0, {self.pool.length(rid)}], got {length}")
+        self.pool.truncate(rid, length)
+
+    def finish(self, rid: int) -> None:
+        """Free ``rid``'s pages (no-op for an unknown request)."""
+        if self._first.pop(rid, None) is not None:
+            self.pool.finish(rid)
+
+    def clear(self) -> None:
+        for rid in list(self._first):
+            self.finish(rid)
+
+    # ---- rows ----------------------------------------------------------------------------------------------
+    def append_slots(self, rid: int, n: int) -> Tensor:
+        """Extend ``rid`` by ``n`` rows and return their slots ``(n,)`` int64 on the host (caches grown to fit)."""
+        slots = self.pool.append_slots(rid, n)
+        self._grow()
+        return slots
+
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Write ``k, v`` ``(n, kv_heads, D)`` of one layer into ``slots`` ``(n,)`` int64 on the device
+        (``-1``: skipped)."""
+        paged_kv_append(k, v, self.k[layer], self.v[layer], slots)
+
+    def write_rows(self, slots: Tensor, rows: Tensor) -> None:
+        """Keep context rows ``(n, H)`` at ``slots`` ``(n,)`` on the device, when rows are kept (else a no-op)."""
+        if self.rows is not None:
+            self.rows[slots] = rows.to(self.rows.dtype)
+
+    def last_row_slots(self, rids: Sequence[int], lengths: Sequence[int]) -> list[int]:
+        """The slot of row ``lengths[i] - 1`` of each request (its last committed row while a block is open),
+        ``-1`` where ``lengths[i]`` is 0."""
+        return [-1 if n == 0 else self._slot(rid, n - 1) for rid, n in zip(rids, lengths, strict=True)]
+
+    def last_rows(self, last_slots: Tensor) -> Tensor:
+        """Rows ``(R, H)`` at ``last_slots`` ``(R,)`` int64 on the device, zeros where the slot is ``-1``."""
+        rows = self.rows[last_slots.clamp_min(0)]
+        return rows * (last_slots >= 0).unsqueeze(1).to(rows.dtype)
+
+    def context_kv(self, rid: int) -> tuple[Tensor, Tensor]:
+        """Copies of ``rid``'s committed K and V, ``(layers, length, kv_heads, D)`` each (for checks)."""
+        n = self.length(rid)
+        slots = torch.tensor([self._slot(rid, i) for i in range(n)], dtype=torch.int64, device=self.device)
+        flat = lambda c: c.view(-1, *c.shape[2:])[slots]  # noqa: E731
+        return torch.stack([flat(c) for c in self.k]), torch.stack([flat(c) for c in self.v])
+
+    # ---- a draft round's block ------------------------------------------------------------------------------
+    def open_block(self, rids: Sequence[int], g: int) -> tuple[list[int], list[int]]:
+        """Append ``g`` scratch rows to each request (after its context) for a round's block.
+
+        Returns ``(lengths, slots)``: each request's committed length before the block (what
+        :meth:`close_block` restores) and the ``R · g`` block slots in request order (host ints). The batch's
+        page index then covers context + block (:meth:`host_index`).
+        """
+        lengths = [self.pool.length(rid) for rid in rids]
+        try:
+            slots = [s for rid in rids for s in self.pool.append_slots(rid, g).tolist()]
+        except BaseException:
+            self.close_block(rids, lengths)
+            raise
+        self._grow()
+        return lengths, slots
+
+    def close_block(self, rids: Sequence[int], lengths: Sequence[int]) -> None:
+        """Drop the scratch rows: each request back to its committed ``lengths``."""
+        for rid, n in zip(rids, lengths, strict=True):
+            if self.pool.length(rid) > n:
+                self.pool.truncate(rid, n)
+
+    def host_index(self, rids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        """``(kv_indptr (R + 1,), kv_indices, kv_last_page_len (R,))`` of ``rids`` as host lists."""
+        return self.pool.host_batch_index(rids)
+
+    # ---- internals ----------------------------------------------------------------------------------------
+    def _slot(self, rid: int, i: int) -> int:
+        table = self.pool.block_table(rid)
+        return table[i // PAGE_SIZE] * PAGE_SIZE + i % PAGE_SIZE
+
+    def _grow(self) -> None:
+        """Give the caches the pool's page count (after the pool doubled); the old rows keep their slots."""
+        total, have = self.pool.total_pages, self.k[0].shape[0] if self.k else 0
+        if total <= have:
             return
-        new_cap = max(rows, 2 * cap, 16)
-        L, kvh, D = self.shape
-        k = torch.empty(L, new_cap, kvh, D, dtype=self.dtype, device=self.device)
-        v = torch.empty_like(k)
-        k[:, : self.length] = self.k[:, : self.length]
-        v[:, : self.length] = self.v[:, : self.length]
-        self.k, self.v = k, v
+        for caches in (self.k, self.v):
+            for i, c in enumerate(caches):
+                caches[i] = torch.cat([c, c.new_zeros((total - have, *c.shape[1:]))])
         if self.rows is not None:
-            rows = self.rows.new_empty(new_cap, self.rows.shape[1])
-            rows[: self.length] = self.rows[: self.length]
-            self.rows = rows
-
-    def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> None:
-        """Write rows ``[start, start + n)`` of one layer (``k, v``: ``(n, kv_heads, D)``)."""
-        n = k.shape[0]
-        self.k[layer, start : start + n] = k
-        self.v[layer, start : start + n] = v
-
-    def write_rows(self, start: int, rows: Tensor) -> None:
-        """Keep context rows ``[start, start + n)`` (``(n, H)``) when this context holds rows (else a no-op)."""
-        if self.rows is not None:
-            self.rows[start : start + rows.shape[0]] = rows
-
-    def last_row(self) -> Tensor | None:
-        """Row ``length - 1`` ``(H,)`` (zeros for an empty context); None when rows are not kept."""
-        if self.rows is None:
-            return None
-        if self.length == 0:
-            return self.rows.new_zeros(self.rows.shape[1])
-        return self.rows[self.length - 1]
-
-    def keys_values(self, layer: int, rows: int) -> tuple[Tensor, Tensor]:
-        """Rows ``[0, rows)`` of one layer: ``(rows, kv_heads, D)`` each (views)."""
-        return self.k[layer, :rows], self.v[layer, :rows]
-
-    def truncate(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"length: must be in [0, {self.length}], got {length}")
-        self.length = length
+            self.rows = torch.cat(
+                [self.rows, self.rows.new_zeros(((total - have) * PAGE_SIZE, self.rows.shape[1]))]
+            )

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from dspark.host_sync import to_device
 from dspark.models import drafter_loading as loading
 from dspark.models.block_inputs import add_input_modules, context_rows
 from dspark.models.config import DrafterConfig
-from dspark.models.context import RequestContext
+from dspark.models.context import PagedContexts
 from dspark.models.copy_head import CopyHead
 from dspark.models.draft_vocab import DraftVocabTables, check_draft_vocab
 from dspark.models.drafter_config import default_target_layer_ids, new_drafter
@@ -76,7 +77,8 @@ class DSparkDrafter(DraftSteps, nn.Module):
         add_input_modules(self, c)
         self.rotary_emb = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
         self._shared: dict[str, nn.Module] = {}  # target modules aliased (not registered: not in state_dict)
-        self._contexts: dict[int, RequestContext] = {}
+        self._context_store: PagedContexts | None = None  # made at the first context, on the drafter's device
+        self.graphs = None  # DrafterGraphs once use_cuda_graphs is called
         self._draft_vocab: Tensor | None = None  # sorted token ids (CPU) the drafter may propose; None = all
         self._vocab_tables_cache: tuple[tuple, DraftVocabTables] | None = None
 
@@ -330,42 +332,57 @@ class DSparkDrafter(DraftSteps, nn.Module):
         """Concatenate HF ``hidden_states[i + 1]`` (``-1`` -> ``hidden_states[0]``) for ``target_layer_ids``."""
         return torch.cat([hidden_states[i + 1] for i in self.config.target_layer_ids], -1)
 
+    @property
+    def contexts(self) -> PagedContexts:
+        """Every request's context K/V (``dspark.models.context``), made on the drafter's device and dtype."""
+        store = self._context_store
+        if store is not None and (store.device != self.device or store.dtype != self.dtype):
+            if store.pool.requests:
+                raise ValueError(
+                    f"the drafter moved to {self.device} / {self.dtype} while requests hold contexts on "
+                    f"{store.device} / {store.dtype}; finish them first (finish_all)"
+                )
+            store = None
+        if store is None:
+            c = self.config
+            store = PagedContexts(
+                c.num_hidden_layers,
+                c.num_key_value_heads,
+                c.head_dim,
+                self.dtype,
+                self.device,
+                row_width=c.hidden_size if c.context_projection else 0,
+            )
+            self._context_store = store
+        return store
+
     def context_length(self, request_id: int) -> int:
-        ctx = self._contexts.get(int(request_id))
-        return 0 if ctx is None else ctx.length
+        store = self._context_store
+        return 0 if store is None else store.length(int(request_id))
 
     def next_position(self, request_id: int) -> int:
         """The anchor position the next draft of this request uses by default."""
-        ctx = self._contexts.get(int(request_id))
-        return 0 if ctx is None else ctx.next_position
+        store = self._context_store
+        return 0 if store is None else store.next_position(int(request_id))
 
     def truncate(self, request_id: int, length: int) -> None:
         """Keep only the first ``length`` context rows of a request (e.g. after a rollback)."""
-        ctx = self._contexts.get(int(request_id))
-        if ctx is None:
+        rid = int(request_id)
+        store = self._context_store
+        if store is None or rid not in store:
             if length != 0:
                 raise ValueError(f"request_id: {request_id} has no context")
             return
-        ctx.truncate(length)
+        store.truncate(rid, length)
 
     def finish(self, request_id: int) -> None:
         """Free a request's context."""
-        self._contexts.pop(int(request_id), None)
+        if self._context_store is not None:
+            self._context_store.finish(int(request_id))
 
     def finish_all(self) -> None:
-        self._contexts.clear()
-
-    def _new_context(self, first_position: int) -> RequestContext:
-        c = self.config
-        return RequestContext(
-            c.num_hidden_layers,
-            c.num_key_value_heads,
-            c.head_dim,
-            self.dtype,
-            self.device,
-            first_position,
-            row_width=c.hidden_size if c.context_projection else 0,
-        )
+        if self._context_store is not None:
+            self._context_store.clear()
 
     @torch.no_grad()
     def append_context(
@@ -394,45 +411,39 @@ class DSparkDrafter(DraftSteps, nn.Module):
             raise ValueError(f"features: expected {len(ids)} tensors (one per request), got {len(features)}")
         c = self.config
         width = c.num_taps * c.hidden_size
-        ctxs, starts, counts = [], [], []
+        store = self.contexts
         for j, rid in enumerate(ids):
             f = features[j]
             if f.dim() != 2 or f.shape[1] != width:
                 raise ValueError(f"features[{j}]: expected shape (n, {width}) (m * H), got {tuple(f.shape)}")
-            ctx = self._contexts.get(rid)
             pos = None if positions is None else int(positions[j])
-            if ctx is None:
-                ctx = self._new_context(0 if pos is None else pos)
+            if rid not in store:
                 if pos is not None and pos < 0:
                     raise ValueError(f"positions[{j}]: must be >= 0, got {pos}")
-                self._contexts[rid] = ctx
-            elif pos is not None and pos != ctx.next_position:
+            elif pos is not None and pos != store.next_position(rid):
                 raise ValueError(
-                    f"positions[{j}]: request {rid} continues at position {ctx.next_position}, got {pos} "
+                    f"positions[{j}]: request {rid} continues at position {store.next_position(rid)}, got {pos} "
                     f"(truncate the context first to rewrite rows)"
                 )
-            ctxs.append(ctx)
-            starts.append(ctx.next_position)
-            counts.append(f.shape[0])
-        total = sum(counts)
-        if total == 0:
+        counts = [f.shape[0] for f in features]
+        if sum(counts) == 0:
+            for j, rid in enumerate(ids):  # an empty append still starts a context
+                if rid not in store:
+                    store.start(rid, 0 if positions is None else int(positions[j]))
             return
         F_all = torch.cat([f.to(device=self.device, dtype=self.dtype) for f in features], 0)
         ctx_rows = context_rows(self, F_all)  # [N, H]
+        for j, rid in enumerate(ids):  # checked above: nothing below raises for bad input
+            if rid not in store:
+                store.start(rid, 0 if positions is None else int(positions[j]))
+        starts = [store.next_position(rid) for rid in ids]
+        slots = torch.cat([store.append_slots(rid, n) for rid, n in zip(ids, counts, strict=True)])
+        slots = to_device(slots, self.device)
         pos = torch.cat(
             [torch.arange(s, s + n, device=self.device) for s, n in zip(starts, counts, strict=True)]
         )
         cos, sin = self.rotary_emb.cos_sin(pos, self.dtype)
-        for ctx, n in zip(ctxs, counts, strict=True):
-            ctx.reserve(ctx.length + n + c.block_slots)
         for li, layer in enumerate(self.layers):
             k, v = layer.self_attn.project_kv(ctx_rows, cos, sin)
-            off = 0
-            for ctx, n in zip(ctxs, counts, strict=True):
-                ctx.write(li, ctx.length, k[off : off + n], v[off : off + n])
-                off += n
-        off = 0
-        for ctx, n in zip(ctxs, counts, strict=True):
-            ctx.write_rows(ctx.length, ctx_rows[off : off + n])  # kept only with context_projection
-            off += n
-            ctx.length += n
+            store.write(li, slots, k, v)
+        store.write_rows(slots, ctx_rows)  # kept only with context_projection

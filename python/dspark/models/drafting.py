@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dspark.host_sync import to_device
 from dspark.models import cpu_linear
 from dspark.models.block_inputs import block_embeddings, copy_inputs
 from dspark.models.config import DrafterConfig
-from dspark.models.context import RequestContext
+from dspark.models.context import PagedContexts
 from dspark.models.cpu_linear import few_row_linears
 from dspark.models.draft_vocab import expand_to_vocab
 from dspark.models.heads import MarkovSample, sample_without_markov
+from dspark.ops import paged_verify_attention
+
+if TYPE_CHECKING:
+    from dspark.models.drafter_graphs import DrafterGraphs
 
 
 @dataclasses.dataclass
@@ -60,6 +64,73 @@ class DraftProposal:
     copy: tuple[Tensor, Tensor] | None = None
 
 
+@dataclasses.dataclass
+class BlockBatch:
+    """Where R blocks of ``s = config.block_slots`` rows sit in the paged contexts, on the drafter's device:
+    ``positions`` ``(R·s,)`` int64 (RoPE), ``slot_mapping`` ``(R·s,)`` int64 (the scratch slots the block K/V go
+    to; ``-1`` skips a row), ``qo_indptr`` ``(R + 1,)`` and the page index ``kv_indptr`` ``(R + 1,)`` /
+    ``kv_indices`` / ``kv_last_page_len`` ``(R,)`` int32 covering context + block, ``last_slots`` ``(R,)`` int64
+    the slot of each context's last row (``-1`` for none; only for ``context_projection``). A CUDA graph replays
+    the block forward on static tensors of this shape (``DrafterGraphs``)."""
+
+    positions: Tensor
+    slot_mapping: Tensor
+    qo_indptr: Tensor
+    kv_indptr: Tensor
+    kv_indices: Tensor
+    kv_last_page_len: Tensor
+    last_slots: Tensor | None = None
+
+
+@dataclasses.dataclass
+class BlockLayout:
+    """:class:`BlockBatch` as host lists (R requests, ``s`` rows each): what :meth:`padded` pads to a CUDA graph's
+    request count and :meth:`to_device` sends (pinned, asynchronous)."""
+
+    slots_per_block: int
+    positions: list[int]
+    slot_mapping: list[int]
+    kv_indptr: list[int]
+    kv_indices: list[int]
+    kv_last_page_len: list[int]
+    last_slots: list[int] | None = None
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.kv_last_page_len)
+
+    def qo_indptr(self) -> list[int]:
+        s = self.slots_per_block
+        return list(range(0, self.num_blocks * s + 1, s))
+
+    def padded(self, num_blocks: int) -> BlockLayout:
+        """The layout of ``num_blocks >= R`` blocks: the extra ones have no pages (their rows see no key and
+        output zeros), scratch slots ``-1`` (nothing written) and position 0."""
+        pad = num_blocks - self.num_blocks
+        rows = pad * self.slots_per_block
+        return BlockLayout(
+            self.slots_per_block,
+            self.positions + [0] * rows,
+            self.slot_mapping + [-1] * rows,
+            self.kv_indptr + [self.kv_indptr[-1]] * pad,
+            self.kv_indices,
+            self.kv_last_page_len + [0] * pad,
+            None if self.last_slots is None else self.last_slots + [-1] * pad,
+        )
+
+    def to_device(self, device: torch.device) -> BlockBatch:
+        i32, i64 = torch.int32, torch.int64
+        return BlockBatch(
+            to_device(self.positions, device, i64),
+            to_device(self.slot_mapping, device, i64),
+            to_device(self.qo_indptr(), device, i32),
+            to_device(self.kv_indptr, device, i32),
+            to_device(self.kv_indices, device, i32),
+            to_device(self.kv_last_page_len, device, i32),
+            None if self.last_slots is None else to_device(self.last_slots, device, i64),
+        )
+
+
 def previous_tokens(anchors: Tensor, tokens: Tensor) -> Tensor:
     """The token before each draft slot ``(R, g)``: the anchor ``(R,)``, then the drafts ``tokens[:, :-1]``."""
     return torch.cat([anchors.to(tokens.device, tokens.dtype).unsqueeze(1), tokens[:, :-1]], 1)
@@ -78,57 +149,88 @@ class DraftSteps:
     markov_head: nn.Module | None
     confidence_head: nn.Module | None
     copy_head: nn.Module | None
-    _contexts: dict[int, RequestContext]
+    contexts: PagedContexts
+    graphs: DrafterGraphs | None  # CUDA graphs of block_forward (drafter_graphs), or None
 
-    def backbone(
-        self,
-        anchors: Tensor,
-        contexts: Sequence[RequestContext | None],
-        starts: Sequence[int],
-        copy: tuple[Tensor, Tensor] | None = None,
+    def block_forward(
+        self, anchors: Tensor, batch: BlockBatch, copy: tuple[Tensor, Tensor] | None = None
     ) -> Tensor:
-        """Block forward for R requests: ``[anchor, MASK x (s-1)]``, ``s = config.block_slots`` (plus the v2
-        inputs of ``block_inputs``: ``copy`` = ``(copy_tokens (R, γ), copy_match (R,))`` on the device) ->
-        final-normed hidden ``(R, s, H)``."""
+        """Block forward of R requests whose blocks sit in the paged contexts (``batch``): ``[anchor, MASK x
+        (s-1)]``, ``s = config.block_slots`` (plus the v2 inputs of ``block_inputs``: ``copy`` = ``(copy_tokens
+        (R, γ), copy_match (R,))``) -> final-normed hidden ``(R, s, H)``. Every layer writes the block's K/V to
+        its scratch slots and attends, without a mask, to the context and the whole block (one op call per layer
+        for the batch). Device tensors only: no host read, so it can be captured in a CUDA graph."""
         c = self.config
         R, g = anchors.shape[0], c.block_slots
+        store = self.contexts
         last_rows = None
         if c.context_projection:
-            zero = torch.zeros(c.hidden_size, dtype=self.dtype, device=self.device)
-            last_rows = torch.stack([zero if ctx is None else ctx.last_row() for ctx in contexts])
+            last_rows = store.last_rows(batch.last_slots)
         copy_tokens, copy_match = copy if copy is not None else (None, None)
-        x = block_embeddings(
-            self, to_device(anchors, self.device), self.embed_weight, copy_tokens, copy_match, last_rows
-        )  # [R*g, H]
-        start_t = to_device(list(starts), self.device, torch.int64)
-        pos = (start_t.unsqueeze(1) + torch.arange(g, device=self.device)).view(-1)
-        cos, sin = self.rotary_emb.cos_sin(pos, self.dtype)
+        x = block_embeddings(self, anchors, self.embed_weight, copy_tokens, copy_match, last_rows)  # [R*g, H]
+        cos, sin = self.rotary_emb.cos_sin(batch.positions, self.dtype)
         scale = c.head_dim**-0.5
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = attn.project_q(h, cos, sin)  # [R*g, nh, D]
             k, v = attn.project_kv(h, cos, sin)  # [R*g, nkv, D]
-            outs = []
-            for i, ctx in enumerate(contexts):
-                sl = slice(i * g, (i + 1) * g)
-                if ctx is None or ctx.length == 0:
-                    K, V = k[sl], v[sl]
-                else:  # block K/V go to scratch rows past the context; length is not advanced
-                    ctx.write(li, ctx.length, k[sl], v[sl])
-                    K, V = ctx.keys_values(li, ctx.length + g)
-                o = F.scaled_dot_product_attention(
-                    q[sl].transpose(0, 1).unsqueeze(0),
-                    K.transpose(0, 1).unsqueeze(0),
-                    V.transpose(0, 1).unsqueeze(0),
-                    scale=scale,
-                    enable_gqa=True,
-                )  # [1, nh, g, D], no mask: bidirectional block + all context
-                outs.append(o[0].transpose(0, 1))
-            o = torch.cat(outs, 0).reshape(R * g, -1)
-            x = x + attn.o_proj(o)
+            store.write(li, batch.slot_mapping, k, v)
+            o = paged_verify_attention(
+                q,
+                store.k[li],
+                store.v[li],
+                batch.qo_indptr,
+                batch.kv_indptr,
+                batch.kv_indices,
+                batch.kv_last_page_len,
+                scale,
+                causal=False,  # the block is bidirectional and sees its whole context
+            )
+            x = x + attn.o_proj(o.reshape(R * g, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x).view(R, g, -1)
+
+    def block_layout(
+        self, ids: Sequence[int], starts: Sequence[int], lengths: Sequence[int], slots: list[int]
+    ) -> BlockLayout:
+        """The :class:`BlockLayout` of blocks opened in the contexts of ``ids`` (``PagedContexts.open_block``)
+        at anchor positions ``starts``; ``lengths`` the contexts' committed lengths, ``slots`` the block slots."""
+        g, store = self.config.block_slots, self.contexts
+        kv_indptr, kv_indices, last = store.host_index(ids)
+        last_slots = store.last_row_slots(ids, lengths) if self.config.context_projection else None
+        positions = [s + j for s in starts for j in range(g)]
+        return BlockLayout(g, positions, slots, kv_indptr, kv_indices, last, last_slots)
+
+    def backbone(
+        self,
+        anchors: Tensor,
+        request_ids: Sequence[int],
+        starts: Sequence[int],
+        copy: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """Block forward for R requests at anchor positions ``starts`` over their contexts (a request without
+        one attends to its block alone) -> final-normed hidden ``(R, s, H)`` (:meth:`block_forward`)."""
+        store, g = self.contexts, self.config.block_slots
+        ids = [int(i) for i in request_ids]
+        fresh = [rid for rid, s in zip(ids, starts, strict=True) if rid not in store]
+        for rid, s in zip(ids, starts, strict=True):
+            if rid not in store:
+                store.start(rid, s)
+        lengths: list[int] = []
+        try:
+            lengths, slots = store.open_block(ids, g)
+            layout = self.block_layout(ids, starts, lengths, slots)
+            hidden = None if self.graphs is None else self.graphs.run(anchors, layout, copy)
+            if hidden is None:
+                batch = layout.to_device(self.device)
+                hidden = self.block_forward(to_device(anchors, self.device), batch, copy)
+        finally:
+            if lengths:
+                store.close_block(ids, lengths)
+            for rid in fresh:
+                store.finish(rid)
+        return hidden
 
     @torch.no_grad()
     def propose(
@@ -180,24 +282,23 @@ class DraftSteps:
         # the decoder passes host anchors, so this check costs no device read
         if bool(((anchors < 0) | (anchors >= self.config.vocab_size)).any()):
             raise ValueError(f"anchors: token ids must be in [0, {self.config.vocab_size})")
-        ctxs = [self._contexts.get(i) for i in ids]
+        store = self.contexts
         if start_positions is None:
-            starts = [0 if ctx is None else ctx.next_position for ctx in ctxs]
+            starts = [store.next_position(i) for i in ids]
         else:
             starts = [int(s) for s in start_positions]
-            for j, (s, ctx) in enumerate(zip(starts, ctxs, strict=True)):
-                if ctx is not None and s < ctx.next_position:
+            for j, (s, rid) in enumerate(zip(starts, ids, strict=True)):
+                if rid in store and s < store.next_position(rid):
                     raise ValueError(
-                        f"start_positions[{j}]: {s} overlaps the context (ends at {ctx.next_position})"
+                        f"start_positions[{j}]: {s} overlaps the context (ends at {store.next_position(rid)})"
                     )
-        for ctx in ctxs:
-            if ctx is not None:
-                ctx.reserve(ctx.length + self.config.block_slots)
+                if s < 0:
+                    raise ValueError(f"start_positions[{j}]: must be >= 0, got {s}")
         anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
         vocab = self._vocab_tables()
         # fp32 CPU: few rows (γ per request) go faster transposed
         with few_row_linears(self.modules()):
-            hidden = self.backbone(anchors, ctxs, starts, copy)
+            hidden = self.backbone(anchors, ids, starts, copy)
             skip = self.config.block_slots - self.config.block_size  # 1: the anchor's slot drafts nothing
             if skip or g < hidden.shape[1]:
                 hidden = hidden[:, skip : skip + g].contiguous()

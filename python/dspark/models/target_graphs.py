@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,12 +285,12 @@ class TargetGraphs:
         padded = padded_batch(
             key, qo, self.adapter.pool.host_batch_index(rids), torch.cat(list(slots)).tolist()
         )
-        _copy_in(self.qo_indptr[: r_b + 2], padded.qo_indptr)
-        _copy_in(self.kv_indptr[: r_b + 2], padded.kv_indptr)
-        _copy_in(self.kv_last_page_len[: r_b + 1], padded.kv_last_page_len)
+        copy_in(self.qo_indptr[: r_b + 2], padded.qo_indptr)
+        copy_in(self.kv_indptr[: r_b + 2], padded.kv_indptr)
+        copy_in(self.kv_last_page_len[: r_b + 1], padded.kv_last_page_len)
         if padded.kv_indices:
-            _copy_in(self.kv_indices[: len(padded.kv_indices)], padded.kv_indices)
-        _copy_in(self.slot_mapping[:t_b], padded.slot_mapping)
+            copy_in(self.kv_indices[: len(padded.kv_indices)], padded.kv_indices)
+        copy_in(self.slot_mapping[:t_b], padded.slot_mapping)
         dev = self.adapter.device
         for buf, parts in ((self.input_ids, tokens), (self.position_ids, positions)):  # host or device rows
             buf[0, :T].copy_(torch.cat([to_device(t, dev) for t in parts]))
@@ -313,45 +313,60 @@ class TargetGraphs:
         )
 
     def _capture(self, key, layers) -> _Graph | None:
-        """Warm up and capture the bucket ``key``; on failure, turn graphs off (with a warning) and return None.
-
-        The warm-up runs the forward on the static buffers, which hold the current batch: it writes the same
-        K/V rows as the replay that follows, so it changes nothing the replay would not.
-        """
+        """Capture the bucket ``key`` (:func:`capture_graph`); None when capturing failed (graphs are off)."""
         while len(self._graphs) >= self.buckets.max_graphs:
             self._graphs.popitem(last=False)
             self.stats.evictions += 1
-        t0 = time.perf_counter()
-        reserved = torch.cuda.memory_reserved(self.adapter.device)
-        try:
-            side = torch.cuda.Stream(self.adapter.device)
-            side.wait_stream(torch.cuda.current_stream(self.adapter.device))
-            with torch.cuda.stream(side):
-                self._forward(key, layers)
-            torch.cuda.current_stream(self.adapter.device).wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                logits, hidden = self._forward(key, layers)
-        except Exception as e:  # noqa: BLE001 (any capture failure: fall back to eager, say why once)
-            self.stats.disabled = f"{type(e).__name__}: {e}"
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        captured = capture_graph(
+            lambda: self._forward(key, layers), self.adapter.device, self._pool, self.stats
+        )
+        if captured is None:
             self.reset()
-            warnings.warn(
-                f"dspark: CUDA graph capture failed ({self.stats.disabled}); the target runs eagerly from now on",
-                RuntimeWarning,
-                stacklevel=4,
-            )
             return None
-        self.stats.captures += 1
-        self.stats.capture_ms += (time.perf_counter() - t0) * 1e3
-        self.stats.pool_bytes += max(0, torch.cuda.memory_reserved(self.adapter.device) - reserved)
+        graph, (logits, hidden) = captured
         g = _Graph(graph, logits, hidden)
         self._graphs[(*key, layers)] = g
         return g
 
 
-def _copy_in(dst: Tensor, values: list[int]) -> None:
+def capture_graph(
+    fn: Callable[[], Any], device: torch.device, pool: Any, stats: GraphStats
+) -> tuple[torch.cuda.CUDAGraph, Any] | None:
+    """Warm ``fn`` up on a side stream, then capture it into a new graph in ``pool``: ``(graph, fn's outputs)``,
+    counted in ``stats`` (time, pool growth). On failure graphs are turned off (``stats.disabled``, one warning)
+    and None is returned: the caller runs eagerly from then on.
+
+    The warm-up runs on the static buffers, which hold the current batch: it writes what the replay that follows
+    writes, so it changes nothing the replay would not.
+    """
+    t0 = time.perf_counter()
+    reserved = torch.cuda.memory_reserved(device)
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+    except Exception as e:  # noqa: BLE001 (any capture failure: fall back to eager, say why once)
+        stats.disabled = f"{type(e).__name__}: {e}"
+        warnings.warn(
+            f"dspark: CUDA graph capture failed ({stats.disabled}); running eagerly from now on",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    stats.captures += 1
+    stats.capture_ms += (time.perf_counter() - t0) * 1e3
+    stats.pool_bytes += max(0, torch.cuda.memory_reserved(device) - reserved)
+    return graph, out
+
+
+def copy_in(dst: Tensor, values: list[int]) -> None:
     """``dst[:] = values``; on CUDA from pinned host memory, queued on the current stream (no wait)."""
     dst.copy_(to_device(torch.tensor(values, dtype=dst.dtype), dst.device))
 

@@ -1,0 +1,177 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA graphs for the drafter's block forward (docs/drafter.md, "CUDA graphs").
+
+A draft round's backbone is a few dozen small kernels per draft layer (norms, projections, RoPE, the paged K/V
+write and attention, the MLP), so at small batches its launches cost more than its work. The block of every
+request has the same ``s = block_slots`` rows and the contexts are paged (``dspark.models.context``), so the
+forward's shapes depend on the request count ``R`` alone: :class:`DrafterGraphs` captures
+``DSparkDrafter.block_forward`` once per request bucket (``GraphBuckets.requests``) and replays it.
+
+* Every input it reads — anchors, positions, scratch slots, the page index, the copy inputs, the last context
+  row's slot — lives in static buffers, refilled before each replay by queued copies (pinned host memory, or
+  device to device): no host sync.
+* A batch smaller than its bucket is padded with blocks that have no pages (their rows see no key and give
+  zeros), scratch slots ``-1`` (``paged_kv_append`` skips them) and anchor 0; their rows are dropped.
+* The graphs hold the addresses of the drafter's parameters and of the context caches: caches that grow (the
+  page pool doubling) drop them, and they are captured again at the next round. At most ``max_graphs`` are kept,
+  in one memory pool; a failed capture turns them off with a warning (the drafter runs eagerly from then on).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dspark.host_sync import to_device
+from dspark.models.drafting import BlockBatch, BlockLayout
+from dspark.models.target_graphs import GraphBuckets, GraphStats, capture_graph, copy_in
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    hidden: Tensor  # (R_b, s, H): the block's final-normed hidden, in the graph's memory
+
+
+class DrafterGraphs:
+    """Captured block forwards of one ``DSparkDrafter`` (see the module docstring).
+
+    Parameters
+    ----------
+    drafter : DSparkDrafter
+        On a CUDA device (unless ``capture`` is False).
+    buckets : GraphBuckets
+        Its ``requests`` are the captured request counts (``tokens`` is not read: a block has a fixed size).
+    capture : bool
+        False runs the padded forwards eagerly instead (any device; tests the padding where no GPU is).
+    """
+
+    def __init__(self, drafter: Any, buckets: GraphBuckets, capture: bool = True) -> None:
+        if capture and drafter.device.type != "cuda":
+            raise ValueError(f"cuda_graphs: the drafter must be on a CUDA device, got {drafter.device}")
+        self.drafter = drafter
+        self.buckets = buckets
+        self.capture = bool(capture)
+        self.stats = GraphStats()
+        c, dev = drafter.config, drafter.device
+        r_max, s = buckets.requests[-1], c.block_slots
+        i32, i64 = torch.int32, torch.int64
+        self.anchors = torch.zeros(r_max, dtype=i64, device=dev)
+        self.positions = torch.zeros(r_max * s, dtype=i64, device=dev)
+        self.slot_mapping = torch.full((r_max * s,), -1, dtype=i64, device=dev)
+        self.qo_indptr = torch.arange(0, (r_max + 1) * s, s, dtype=i32, device=dev)  # a prefix per bucket
+        self.kv_indptr = torch.zeros(r_max + 1, dtype=i32, device=dev)
+        self.kv_last_page_len = torch.zeros(r_max, dtype=i32, device=dev)
+        self.kv_indices = torch.zeros(0, dtype=i32, device=dev)
+        self.last_slots = torch.full((r_max,), -1, dtype=i64, device=dev) if c.context_projection else None
+        self.copy_tokens = torch.full((r_max, c.block_size), -1, dtype=i64, device=dev)
+        self.copy_match = torch.zeros(r_max, dtype=i64, device=dev)
+        self._graphs: OrderedDict[int, _Graph] = OrderedDict()
+        self._pool = None
+        self._cache_ptr: int | None = None
+
+    def reset(self) -> None:
+        """Drop every captured graph (the next round of each bucket captures again)."""
+        self._graphs.clear()
+        self._pool = None
+
+    def run(self, anchors: Tensor, layout: BlockLayout, copy: tuple[Tensor, Tensor] | None) -> Tensor | None:
+        """Replay (capturing first if needed) the block forward of ``layout``'s R blocks, or None to run it
+        eagerly. ``anchors`` ``(R,)`` int64, ``copy`` as ``block_forward`` takes it. Returns the hidden
+        ``(R, s, H)``, a copy that stays valid after the next replay."""
+        if self.stats.disabled is not None:
+            self.stats.count_eager("disabled")
+            return None
+        R = layout.num_blocks
+        r_b = next((b for b in self.buckets.requests if b >= R), None)
+        if r_b is None:
+            self.stats.count_eager("too large")
+            return None
+        self._follow_caches()
+        self._fill(r_b, anchors, layout, copy)
+        has_copy = copy is not None
+        if self.capture:
+            g = self._graphs.get(r_b)
+            if g is None:
+                g = self._capture(r_b, has_copy)
+                if g is None:
+                    return None
+            else:
+                self._graphs.move_to_end(r_b)
+            g.graph.replay()
+            hidden = g.hidden
+        else:
+            hidden = self._forward(r_b, has_copy)
+        self.stats.replays += 1
+        return hidden[:R].clone()  # the graph's output is overwritten by its next replay
+
+    # ---- internals ----------------------------------------------------------------------------------------------
+    def _follow_caches(self) -> None:
+        """Drop the graphs when the context caches were reallocated; keep the page list as long as the pool."""
+        store = self.drafter.contexts
+        ptr = store.k[0].data_ptr()
+        if ptr != self._cache_ptr:
+            self.reset()
+            self._cache_ptr = ptr
+        pages = store.pool.total_pages
+        if self.kv_indices.numel() < pages:
+            self.reset()  # the graphs read the old page list
+            self.kv_indices = torch.zeros(pages, dtype=torch.int32, device=self.drafter.device)
+
+    def _fill(
+        self, r_b: int, anchors: Tensor, layout: BlockLayout, copy: tuple[Tensor, Tensor] | None
+    ) -> None:
+        """Queue the copies of this round's padded inputs into the static buffers (no sync)."""
+        R, s, dev = layout.num_blocks, layout.slots_per_block, self.drafter.device
+        padded = layout.padded(r_b)
+        copy_in(self.positions[: r_b * s], padded.positions)
+        copy_in(self.slot_mapping[: r_b * s], padded.slot_mapping)
+        copy_in(self.kv_indptr[: r_b + 1], padded.kv_indptr)
+        copy_in(self.kv_last_page_len[:r_b], padded.kv_last_page_len)
+        if padded.kv_indices:
+            copy_in(self.kv_indices[: len(padded.kv_indices)], padded.kv_indices)
+        if self.last_slots is not None:
+            copy_in(self.last_slots[:r_b], padded.last_slots)
+        self.anchors[:R].copy_(to_device(anchors, dev))
+        self.anchors[R:r_b].zero_()
+        if copy is not None:
+            self.copy_tokens[:R].copy_(copy[0])
+            self.copy_tokens[R:r_b].fill_(-1)
+            self.copy_match[:R].copy_(copy[1])
+            self.copy_match[R:r_b].zero_()
+
+    def _forward(self, r_b: int, has_copy: bool) -> Tensor:
+        """The block forward of bucket ``r_b`` on the static buffers (eager, or recorded under capture)."""
+        s = self.drafter.config.block_slots
+        batch = BlockBatch(
+            self.positions[: r_b * s],
+            self.slot_mapping[: r_b * s],
+            self.qo_indptr[: r_b + 1],
+            self.kv_indptr[: r_b + 1],
+            self.kv_indices,
+            self.kv_last_page_len[:r_b],
+            None if self.last_slots is None else self.last_slots[:r_b],
+        )
+        copy = (self.copy_tokens[:r_b], self.copy_match[:r_b]) if has_copy else None
+        return self.drafter.block_forward(self.anchors[:r_b], batch, copy)
+
+    def _capture(self, r_b: int, has_copy: bool) -> _Graph | None:
+        """Capture bucket ``r_b`` (``capture_graph``); None when capturing failed (graphs are off)."""
+        while len(self._graphs) >= self.buckets.max_graphs:
+            self._graphs.popitem(last=False)
+            self.stats.evictions += 1
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        captured = capture_graph(
+            lambda: self._forward(r_b, has_copy), self.drafter.device, self._pool, self.stats
+        )
+        if captured is None:
+            self.reset()
+            return None
+        g = _Graph(*captured)
+        self._graphs[r_b] = g
+        return g
