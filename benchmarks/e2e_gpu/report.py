@@ -308,7 +308,9 @@ def graphs_table(batches: list[Batch]) -> str | None:
             drafter = stats.get("drafter") or {}
             ratio = eager.round_ms / graphed.round_ms if graphed.round_ms > 0 else None
             label = "plain" if run is g.plain_run else str(graphed.verify_len)
-            draft = "-" if run is g.plain_run else f"{_f(eager.stages['draft'])} / {_f(graphed.stages['draft'])}"
+            draft = (
+                "-" if run is g.plain_run else f"{_f(eager.stages['draft'])} / {_f(graphed.stages['draft'])}"
+            )
             captures = f"{stats.get('captures', '-')} + {drafter.get('captures', 0)}"
             pool = (stats.get("pool_mib") or 0) + (drafter.get("pool_mib") or 0)
             lines.append(

@@ -21,9 +21,9 @@ from dspark.models.target_graphs import TargetGraphs
 from tests.decoding.test_decoder import SPS, hf_greedy, prompts_of
 from tests.decoding.test_decoder_cuda import _count_syncs, _uncounted
 from tests.decoding.toy_models import random_drafter, tiny_target
-from tests.models.test_target_graphs import ATOL, _ragged_rounds
 from tests.models.test_drafter_graphs import _pair
 from tests.models.test_drafter_graphs import _rounds as _drafter_rounds
+from tests.models.test_target_graphs import ATOL, _ragged_rounds
 from tests.models.tiny import tiny_model
 from tests.training.test_copy_channel import frozen_target
 
