@@ -78,7 +78,8 @@ class DSparkDrafter(DraftSteps, nn.Module):
         self.rotary_emb = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
         self._shared: dict[str, nn.Module] = {}  # target modules aliased (not registered: not in state_dict)
         self._context_store: PagedContexts | None = None  # made at the first context, on the drafter's device
-        self.graphs = None  # DrafterGraphs once use_cuda_graphs is called
+        # DrafterGraphs of block_forward while a decoder with cuda_graphs holds the drafter
+        self.graphs = None
         self._draft_vocab: Tensor | None = None  # sorted token ids (CPU) the drafter may propose; None = all
         self._vocab_tables_cache: tuple[tuple, DraftVocabTables] | None = None
 

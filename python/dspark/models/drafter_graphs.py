@@ -19,8 +19,6 @@ forward's shapes depend on the request count ``R`` alone: :class:`DrafterGraphs`
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,13 +26,7 @@ from torch import Tensor
 
 from dspark.host_sync import to_device
 from dspark.models.drafting import BlockBatch, BlockLayout
-from dspark.models.target_graphs import GraphBuckets, GraphStats, capture_graph, copy_in
-
-
-@dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
-    hidden: Tensor  # (R_b, s, H): the block's final-normed hidden, in the graph's memory
+from dspark.models.target_graphs import GraphBuckets, GraphSet, GraphStats, copy_in
 
 
 class DrafterGraphs:
@@ -70,14 +62,12 @@ class DrafterGraphs:
         self.last_slots = torch.full((r_max,), -1, dtype=i64, device=dev) if c.context_projection else None
         self.copy_tokens = torch.full((r_max, c.block_size), -1, dtype=i64, device=dev)
         self.copy_match = torch.zeros(r_max, dtype=i64, device=dev)
-        self._graphs: OrderedDict[int, _Graph] = OrderedDict()
-        self._pool = None
+        self._graphs = GraphSet(buckets.max_graphs, dev, self.stats)
         self._cache_ptr: int | None = None
 
     def reset(self) -> None:
         """Drop every captured graph (the next round of each bucket captures again)."""
         self._graphs.clear()
-        self._pool = None
 
     def run(self, anchors: Tensor, layout: BlockLayout, copy: tuple[Tensor, Tensor] | None) -> Tensor | None:
         """Replay (capturing first if needed) the block forward of ``layout``'s R blocks, or None to run it
@@ -95,15 +85,9 @@ class DrafterGraphs:
         self._fill(r_b, anchors, layout, copy)
         has_copy = copy is not None
         if self.capture:
-            g = self._graphs.get(r_b)
-            if g is None:
-                g = self._capture(r_b, has_copy)
-                if g is None:
-                    return None
-            else:
-                self._graphs.move_to_end(r_b)
-            g.graph.replay()
-            hidden = g.hidden
+            hidden = self._graphs.replay(r_b, lambda: self._forward(r_b, has_copy))
+            if hidden is None:
+                return None
         else:
             hidden = self._forward(r_b, has_copy)
         self.stats.replays += 1
@@ -158,20 +142,3 @@ class DrafterGraphs:
         )
         copy = (self.copy_tokens[:r_b], self.copy_match[:r_b]) if has_copy else None
         return self.drafter.block_forward(self.anchors[:r_b], batch, copy)
-
-    def _capture(self, r_b: int, has_copy: bool) -> _Graph | None:
-        """Capture bucket ``r_b`` (``capture_graph``); None when capturing failed (graphs are off)."""
-        while len(self._graphs) >= self.buckets.max_graphs:
-            self._graphs.popitem(last=False)
-            self.stats.evictions += 1
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        captured = capture_graph(
-            lambda: self._forward(r_b, has_copy), self.drafter.device, self._pool, self.stats
-        )
-        if captured is None:
-            self.reset()
-            return None
-        g = _Graph(*captured)
-        self._graphs[r_b] = g
-        return g

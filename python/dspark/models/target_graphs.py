@@ -126,13 +126,6 @@ def padded_batch(
 
 
 @dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
-    logits: Tensor  # (T_b, V): the LM head on every row, in the graph's memory
-    hidden: dict[int, Tensor]  # layer -> (T_b, H)
-
-
-@dataclass
 class GraphStats:
     """What the graphs did (``TargetAdapter.graph_stats``).
 
@@ -203,15 +196,13 @@ class TargetGraphs:
         self.kv_indptr = torch.zeros(r_max + 2, dtype=i32, device=dev)
         self.kv_last_page_len = torch.zeros(r_max + 1, dtype=i32, device=dev)
         self.kv_indices = torch.zeros(0, dtype=i32, device=dev)
-        self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
-        self._pool = None
+        self._graphs = GraphSet(buckets.max_graphs, dev, self.stats)
         self._cache_ptr: int | None = None
 
     # ---- public -------------------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Drop every captured graph (the next forward of each bucket captures again)."""
         self._graphs.clear()
-        self._pool = None
 
     def run(
         self,
@@ -245,15 +236,10 @@ class TargetGraphs:
         self._fill(key, rids, tokens, slots, positions, qo)
         gkey = (*key, tuple(sorted(set(layers))))
         if self.capture:
-            g = self._graphs.get(gkey)
-            if g is None:
-                g = self._capture(key, gkey[2])
-                if g is None:
-                    return None
-            else:
-                self._graphs.move_to_end(gkey)
-            g.graph.replay()
-            logits, hidden = g.logits, g.hidden
+            out = self._graphs.replay(gkey, lambda: self._forward(key, gkey[2]))
+            if out is None:
+                return None
+            logits, hidden = out
         else:  # the same padded forward, run eagerly (tests the padding where no GPU is)
             logits, hidden = self._forward(key, gkey[2])
         self.stats.replays += 1
@@ -312,23 +298,39 @@ class TargetGraphs:
             max_kv_len=0,  # read only by the sliding-window check, and such models are refused
         )
 
-    def _capture(self, key, layers) -> _Graph | None:
-        """Capture the bucket ``key`` (:func:`capture_graph`); None when capturing failed (graphs are off)."""
-        while len(self._graphs) >= self.buckets.max_graphs:
-            self._graphs.popitem(last=False)
-            self.stats.evictions += 1
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        captured = capture_graph(
-            lambda: self._forward(key, layers), self.adapter.device, self._pool, self.stats
-        )
-        if captured is None:
-            self.reset()
-            return None
-        graph, (logits, hidden) = captured
-        g = _Graph(graph, logits, hidden)
-        self._graphs[(*key, layers)] = g
-        return g
+
+class GraphSet:
+    """Captured graphs by key, at most ``max_graphs`` (the least recently replayed goes first), in one memory
+    pool, counted in ``stats`` (shared by :class:`TargetGraphs` and ``DrafterGraphs``)."""
+
+    def __init__(self, max_graphs: int, device: torch.device, stats: GraphStats) -> None:
+        self.max_graphs, self.device, self.stats = max_graphs, device, stats
+        self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = OrderedDict()
+        self._pool = None
+
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._pool = None
+
+    def replay(self, key: Hashable, fn: Callable[[], Any]) -> Any | None:
+        """Replay the graph of ``key``, capturing ``fn`` first when there is none (:func:`capture_graph`), and
+        return its outputs (the graph's memory: the next replay overwrites them); None when capturing failed."""
+        entry = self._graphs.get(key)
+        if entry is None:
+            while len(self._graphs) >= self.max_graphs:
+                self._graphs.popitem(last=False)
+                self.stats.evictions += 1
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            entry = capture_graph(fn, self.device, self._pool, self.stats)
+            if entry is None:
+                self.clear()
+                return None
+            self._graphs[key] = entry
+        else:
+            self._graphs.move_to_end(key)
+        entry[0].replay()
+        return entry[1]
 
 
 def capture_graph(
