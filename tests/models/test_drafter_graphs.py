@@ -16,9 +16,9 @@ import random
 import pytest
 import torch
 
-from dspark.models import drafting
+from dspark.models import block_batch
+from dspark.models.block_batch import BlockLayout
 from dspark.models.drafter_graphs import DrafterGraphs
-from dspark.models.drafting import BlockLayout
 from dspark.models.target_graphs import GraphBuckets
 from tests.training.test_copy_channel import V2, _drafter, _perturb_inputs, frozen_target
 
@@ -114,7 +114,7 @@ def test_padding_that_writes_real_slots_is_caught(target, monkeypatch):
         out.slot_mapping = self.slot_mapping + [0] * rows
         return out
 
-    monkeypatch.setattr(drafting.BlockLayout, "padded", leaky)
+    monkeypatch.setattr(block_batch.BlockLayout, "padded", leaky)
     width = plain.config.num_taps * plain.config.hidden_size
     feats = [torch.randn(6, width) for _ in range(3)]
     for d in (plain, graphed):

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from dspark.host_sync import to_device
-from dspark.models.drafting import BlockBatch, BlockLayout
+from dspark.models.block_batch import BlockBatch, BlockLayout
 from dspark.models.target_graphs import GraphBuckets, GraphSet, GraphStats, copy_in
 
 

@@ -9,23 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from dspark.host_sync import to_device
 from dspark.models import cpu_linear
+from dspark.models.block_batch import BlockBatch, BlockLayout
 from dspark.models.block_inputs import block_embeddings, copy_inputs
 from dspark.models.config import DrafterConfig
 from dspark.models.context import PagedContexts
 from dspark.models.cpu_linear import few_row_linears
 from dspark.models.draft_vocab import expand_to_vocab
+from dspark.models.drafter_graphs import DrafterGraphs
 from dspark.models.heads import MarkovSample, sample_without_markov
 from dspark.ops import paged_verify_attention
-
-if TYPE_CHECKING:
-    from dspark.models.drafter_graphs import DrafterGraphs
 
 
 @dataclasses.dataclass
@@ -62,73 +60,6 @@ class DraftProposal:
     hidden: Tensor
     base_logits: Tensor
     copy: tuple[Tensor, Tensor] | None = None
-
-
-@dataclasses.dataclass
-class BlockBatch:
-    """Where R blocks of ``s = config.block_slots`` rows sit in the paged contexts, on the drafter's device:
-    ``positions`` ``(R·s,)`` int64 (RoPE), ``slot_mapping`` ``(R·s,)`` int64 (the scratch slots the block K/V go
-    to; ``-1`` skips a row), ``qo_indptr`` ``(R + 1,)`` and the page index ``kv_indptr`` ``(R + 1,)`` /
-    ``kv_indices`` / ``kv_last_page_len`` ``(R,)`` int32 covering context + block, ``last_slots`` ``(R,)`` int64
-    the slot of each context's last row (``-1`` for none; only for ``context_projection``). A CUDA graph replays
-    the block forward on static tensors of this shape (``DrafterGraphs``)."""
-
-    positions: Tensor
-    slot_mapping: Tensor
-    qo_indptr: Tensor
-    kv_indptr: Tensor
-    kv_indices: Tensor
-    kv_last_page_len: Tensor
-    last_slots: Tensor | None = None
-
-
-@dataclasses.dataclass
-class BlockLayout:
-    """:class:`BlockBatch` as host lists (R requests, ``s`` rows each): what :meth:`padded` pads to a CUDA graph's
-    request count and :meth:`to_device` sends (pinned, asynchronous)."""
-
-    slots_per_block: int
-    positions: list[int]
-    slot_mapping: list[int]
-    kv_indptr: list[int]
-    kv_indices: list[int]
-    kv_last_page_len: list[int]
-    last_slots: list[int] | None = None
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.kv_last_page_len)
-
-    def qo_indptr(self) -> list[int]:
-        s = self.slots_per_block
-        return list(range(0, self.num_blocks * s + 1, s))
-
-    def padded(self, num_blocks: int) -> BlockLayout:
-        """The layout of ``num_blocks >= R`` blocks: the extra ones have no pages (their rows see no key and
-        output zeros), scratch slots ``-1`` (nothing written) and position 0."""
-        pad = num_blocks - self.num_blocks
-        rows = pad * self.slots_per_block
-        return BlockLayout(
-            self.slots_per_block,
-            self.positions + [0] * rows,
-            self.slot_mapping + [-1] * rows,
-            self.kv_indptr + [self.kv_indptr[-1]] * pad,
-            self.kv_indices,
-            self.kv_last_page_len + [0] * pad,
-            None if self.last_slots is None else self.last_slots + [-1] * pad,
-        )
-
-    def to_device(self, device: torch.device) -> BlockBatch:
-        i32, i64 = torch.int32, torch.int64
-        return BlockBatch(
-            to_device(self.positions, device, i64),
-            to_device(self.slot_mapping, device, i64),
-            to_device(self.qo_indptr(), device, i32),
-            to_device(self.kv_indptr, device, i32),
-            to_device(self.kv_indices, device, i32),
-            to_device(self.kv_last_page_len, device, i32),
-            None if self.last_slots is None else to_device(self.last_slots, device, i64),
-        )
 
 
 def previous_tokens(anchors: Tensor, tokens: Tensor) -> Tensor:
