@@ -241,9 +241,8 @@ class DSparkDecoder:
             linear_max_rows=linear_max_rows,
             cuda_graphs=cuda_graphs,
         )
-        self.drafter_graphs = (
-            None  # the drafter's block forward in CUDA graphs too, with the target's buckets
-        )
+        # the drafter's block forward in CUDA graphs too, with the target's buckets
+        self.drafter_graphs = None
         if drafter is not None and self.adapter.graphs is not None:
             self.drafter_graphs = drafter.graphs = DrafterGraphs(drafter, self.adapter.graphs.buckets)
         dev = self.adapter.device  # the STS vectors move to the device once, not every round

@@ -119,6 +119,11 @@ class PagePool:
         """Request ``rid``'s pages in sequence order (a copy)."""
         return list(self._get(rid).pages)
 
+    def slot_of(self, rid: Hashable, i: int) -> int:
+        """The slot of token ``i`` of request ``rid`` (``i`` below its length)."""
+        pages = self._get(rid).pages
+        return pages[i // self.page_size] * self.page_size + i % self.page_size
+
     def pages_needed(self, length: int) -> int:
         return -(-length // self.page_size)
 
@@ -231,3 +236,11 @@ class PagePool:
             )
         self._free[:0] = list(range(target - 1, self._total - 1, -1))  # new pages go to the bottom
         self._total = target
+
+
+def grow_pages(cache: Tensor, pages: int) -> Tensor:
+    """``cache`` ``(num_pages, ...)`` with ``pages`` pages: new pages are zeros, old ones keep their ids (for owners
+    of caches whose pool grew); ``cache`` itself when it has as many already."""
+    if cache.shape[0] >= pages:
+        return cache
+    return torch.cat([cache, cache.new_zeros((pages - cache.shape[0], *cache.shape[1:]))])

@@ -12,7 +12,7 @@ so block K/V never persist. Requests are independent: a batch of requests with d
 for row, what each request gives alone.
 
 A drafter that reads context row ``a - 1`` (``context_projection``) also keeps the rows themselves,
-``(num_pages · page_size, H)``, indexed by the same slots.
+``(num_pages, page_size, H)``, indexed by the same slots.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from dspark.kv.pool import PagePool
+from dspark.kv.pool import PagePool, grow_pages
 from dspark.ops import paged_kv_append
 
 PAGE_SIZE = 16
@@ -58,9 +58,9 @@ class PagedContexts:
         shape = (num_pages, PAGE_SIZE, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
-        # rows by slot (context_projection); None when not kept
+        # the rows themselves by slot, paged like K/V (context_projection); None when not kept
         self.rows = (
-            torch.zeros(num_pages * PAGE_SIZE, row_width, dtype=dtype, device=self.device)
+            torch.zeros(num_pages, PAGE_SIZE, row_width, dtype=dtype, device=self.device)
             if row_width
             else None
         )
@@ -118,41 +118,35 @@ class PagedContexts:
     def write_rows(self, slots: Tensor, rows: Tensor) -> None:
         """Keep context rows ``(n, H)`` at ``slots`` ``(n,)`` on the device, when rows are kept (else a no-op)."""
         if self.rows is not None:
-            self.rows[slots] = rows.to(self.rows.dtype)
+            self.rows.view(-1, self.rows.shape[-1])[slots] = rows.to(self.rows.dtype)
 
     def last_row_slots(self, rids: Sequence[int], lengths: Sequence[int]) -> list[int]:
         """The slot of row ``lengths[i] - 1`` of each request (its last committed row while a block is open),
         ``-1`` where ``lengths[i]`` is 0."""
-        return [-1 if n == 0 else self._slot(rid, n - 1) for rid, n in zip(rids, lengths, strict=True)]
+        return [-1 if n == 0 else self.pool.slot_of(rid, n - 1) for rid, n in zip(rids, lengths, strict=True)]
 
     def last_rows(self, last_slots: Tensor) -> Tensor:
         """Rows ``(R, H)`` at ``last_slots`` ``(R,)`` int64 on the device, zeros where the slot is ``-1``."""
-        rows = self.rows[last_slots.clamp_min(0)]
+        rows = self.rows.view(-1, self.rows.shape[-1])[last_slots.clamp_min(0)]
         return rows * (last_slots >= 0).unsqueeze(1).to(rows.dtype)
 
     def context_kv(self, rid: int) -> tuple[Tensor, Tensor]:
         """Copies of ``rid``'s committed K and V, ``(layers, length, kv_heads, D)`` each (for checks)."""
         n = self.length(rid)
-        slots = torch.tensor([self._slot(rid, i) for i in range(n)], dtype=torch.int64, device=self.device)
+        slots = torch.tensor(
+            [self.pool.slot_of(rid, i) for i in range(n)], dtype=torch.int64, device=self.device
+        )
         flat = lambda c: c.view(-1, *c.shape[2:])[slots]  # noqa: E731
         return torch.stack([flat(c) for c in self.k]), torch.stack([flat(c) for c in self.v])
 
     # ---- a draft round's block ------------------------------------------------------------------------------
-    def open_block(self, rids: Sequence[int], g: int) -> tuple[list[int], list[int]]:
-        """Append ``g`` scratch rows to each request (after its context) for a round's block.
-
-        Returns ``(lengths, slots)``: each request's committed length before the block (what
-        :meth:`close_block` restores) and the ``R · g`` block slots in request order (host ints). The batch's
-        page index then covers context + block (:meth:`host_index`).
-        """
-        lengths = [self.pool.length(rid) for rid in rids]
-        try:
-            slots = [s for rid in rids for s in self.pool.append_slots(rid, g).tolist()]
-        except BaseException:
-            self.close_block(rids, lengths)
-            raise
+    def open_block(self, rids: Sequence[int], g: int) -> list[int]:
+        """Append ``g`` scratch rows to each request (after its context) for a round's block and return the
+        ``R · g`` block slots in request order (host ints); the batch's page index then covers context + block
+        (:meth:`host_index`). :meth:`close_block` drops them."""
+        slots = [s for rid in rids for s in self.pool.append_slots(rid, g).tolist()]
         self._grow()
-        return lengths, slots
+        return slots
 
     def close_block(self, rids: Sequence[int], lengths: Sequence[int]) -> None:
         """Drop the scratch rows: each request back to its committed ``lengths``."""
@@ -165,19 +159,10 @@ class PagedContexts:
         return self.pool.host_batch_index(rids)
 
     # ---- internals ----------------------------------------------------------------------------------------
-    def _slot(self, rid: int, i: int) -> int:
-        table = self.pool.block_table(rid)
-        return table[i // PAGE_SIZE] * PAGE_SIZE + i % PAGE_SIZE
-
     def _grow(self) -> None:
         """Give the caches the pool's page count (after the pool doubled); the old rows keep their slots."""
-        total, have = self.pool.total_pages, self.k[0].shape[0] if self.k else 0
-        if total <= have:
-            return
-        for caches in (self.k, self.v):
-            for i, c in enumerate(caches):
-                caches[i] = torch.cat([c, c.new_zeros((total - have, *c.shape[1:]))])
+        pages = self.pool.total_pages
+        self.k = [grow_pages(c, pages) for c in self.k]
+        self.v = [grow_pages(c, pages) for c in self.v]
         if self.rows is not None:
-            self.rows = torch.cat(
-                [self.rows, self.rows.new_zeros(((total - have) * PAGE_SIZE, self.rows.shape[1]))]
-            )
+            self.rows = grow_pages(self.rows, pages)

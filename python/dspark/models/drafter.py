@@ -427,16 +427,16 @@ class DSparkDrafter(DraftSteps, nn.Module):
                     f"(truncate the context first to rewrite rows)"
                 )
         counts = [f.shape[0] for f in features]
-        if sum(counts) == 0:
-            for j, rid in enumerate(ids):  # an empty append still starts a context
-                if rid not in store:
-                    store.start(rid, 0 if positions is None else int(positions[j]))
-            return
-        F_all = torch.cat([f.to(device=self.device, dtype=self.dtype) for f in features], 0)
-        ctx_rows = context_rows(self, F_all)  # [N, H]
-        for j, rid in enumerate(ids):  # checked above: nothing below raises for bad input
+        ctx_rows = None  # [N, H], computed before any context changes (a failure here changes none)
+        if sum(counts):
+            ctx_rows = context_rows(
+                self, torch.cat([f.to(device=self.device, dtype=self.dtype) for f in features])
+            )
+        for j, rid in enumerate(ids):  # an empty append still starts a context
             if rid not in store:
                 store.start(rid, 0 if positions is None else int(positions[j]))
+        if ctx_rows is None:
+            return
         starts = [store.next_position(rid) for rid in ids]
         slots = torch.cat([store.append_slots(rid, n) for rid, n in zip(ids, counts, strict=True)])
         slots = to_device(slots, self.device)

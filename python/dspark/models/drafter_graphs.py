@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dspark.host_sync import to_device
 from dspark.models.block_batch import BlockBatch, BlockLayout
 from dspark.models.target_graphs import GraphBuckets, GraphSet, GraphStats, copy_in
 
@@ -63,7 +62,6 @@ class DrafterGraphs:
         self.copy_tokens = torch.full((r_max, c.block_size), -1, dtype=i64, device=dev)
         self.copy_match = torch.zeros(r_max, dtype=i64, device=dev)
         self._graphs = GraphSet(buckets.max_graphs, dev, self.stats)
-        self._cache_ptr: int | None = None
 
     def reset(self) -> None:
         """Drop every captured graph (the next round of each bucket captures again)."""
@@ -97,20 +95,13 @@ class DrafterGraphs:
     def _follow_caches(self) -> None:
         """Drop the graphs when the context caches were reallocated; keep the page list as long as the pool."""
         store = self.drafter.contexts
-        ptr = store.k[0].data_ptr()
-        if ptr != self._cache_ptr:
-            self.reset()
-            self._cache_ptr = ptr
-        pages = store.pool.total_pages
-        if self.kv_indices.numel() < pages:
-            self.reset()  # the graphs read the old page list
-            self.kv_indices = torch.zeros(pages, dtype=torch.int32, device=self.drafter.device)
+        self.kv_indices = self._graphs.follow(store.k[0], store.pool.total_pages, self.kv_indices)
 
     def _fill(
         self, r_b: int, anchors: Tensor, layout: BlockLayout, copy: tuple[Tensor, Tensor] | None
     ) -> None:
         """Queue the copies of this round's padded inputs into the static buffers (no sync)."""
-        R, s, dev = layout.num_blocks, layout.slots_per_block, self.drafter.device
+        R, s = layout.num_blocks, layout.slots_per_block
         padded = layout.padded(r_b)
         copy_in(self.positions[: r_b * s], padded.positions)
         copy_in(self.slot_mapping[: r_b * s], padded.slot_mapping)
@@ -120,7 +111,7 @@ class DrafterGraphs:
             copy_in(self.kv_indices[: len(padded.kv_indices)], padded.kv_indices)
         if self.last_slots is not None:
             copy_in(self.last_slots[:r_b], padded.last_slots)
-        self.anchors[:R].copy_(to_device(anchors, dev))
+        self.anchors[:R].copy_(anchors)
         self.anchors[R:r_b].zero_()
         if copy is not None:
             self.copy_tokens[:R].copy_(copy[0])

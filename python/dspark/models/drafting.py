@@ -141,24 +141,23 @@ class DraftSteps:
         copy: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Block forward for R requests at anchor positions ``starts`` over their contexts (a request without
-        one attends to its block alone) -> final-normed hidden ``(R, s, H)`` (:meth:`block_forward`)."""
+        one attends to its block alone) -> final-normed hidden ``(R, s, H)`` (:meth:`block_forward`).
+        ``anchors`` ``(R,)`` int64 on the drafter's device."""
         store, g = self.contexts, self.config.block_slots
         ids = [int(i) for i in request_ids]
-        fresh = [rid for rid, s in zip(ids, starts, strict=True) if rid not in store]
+        fresh = [rid for rid in ids if rid not in store]  # drafting without a context: their block alone
         for rid, s in zip(ids, starts, strict=True):
-            if rid not in store:
+            if rid in fresh:
                 store.start(rid, s)
-        lengths: list[int] = []
+        lengths = [store.length(rid) for rid in ids]
         try:
-            lengths, slots = store.open_block(ids, g)
+            slots = store.open_block(ids, g)
             layout = self.block_layout(ids, starts, lengths, slots)
             hidden = None if self.graphs is None else self.graphs.run(anchors, layout, copy)
             if hidden is None:
-                batch = layout.to_device(self.device)
-                hidden = self.block_forward(to_device(anchors, self.device), batch, copy)
+                hidden = self.block_forward(anchors, layout.to_device(self.device), copy)
         finally:
-            if lengths:
-                store.close_block(ids, lengths)
+            store.close_block(ids, lengths)
             for rid in fresh:
                 store.finish(rid)
         return hidden

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from dspark.host_sync import to_device
 from dspark.kv import PagePool
+from dspark.kv.pool import grow_pages
 from dspark.models.cpu_linear import few_row_linears, plain_linears
 from dspark.models.support import (  # noqa: F401 (tap_layers, TESTED_FAMILIES: re-exported)
     TESTED_FAMILIES,
@@ -425,14 +426,8 @@ class TargetAdapter:
         return idx
 
     def _grow_caches(self) -> None:
-        total = self.pool.total_pages
-        have = self.k_cache[0].shape[0] if self.k_cache else 0
-        if total <= have:
-            return
-        extra = (total - have, *self.k_cache[0].shape[1:])
         for caches in (self.k_cache, self.v_cache):
-            for i, c in enumerate(caches):
-                caches[i] = torch.cat([c, c.new_zeros(extra)])
+            caches[:] = [grow_pages(c, self.pool.total_pages) for c in caches]
 
     def _run(self, items, tokens, slots, positions, rows, qo, lo, layers, dense, prefill) -> TargetOutput:
         self._grow_caches()

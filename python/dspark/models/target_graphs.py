@@ -197,7 +197,6 @@ class TargetGraphs:
         self.kv_last_page_len = torch.zeros(r_max + 1, dtype=i32, device=dev)
         self.kv_indices = torch.zeros(0, dtype=i32, device=dev)
         self._graphs = GraphSet(buckets.max_graphs, dev, self.stats)
-        self._cache_ptr: int | None = None
 
     # ---- public -------------------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -255,14 +254,9 @@ class TargetGraphs:
     # ---- internals ----------------------------------------------------------------------------------------------
     def _follow_caches(self) -> None:
         """Drop the graphs when the adapter's caches were reallocated, and keep the page list as long as the pool."""
-        ptr = self.adapter.k_cache[0].data_ptr()
-        if ptr != self._cache_ptr:
-            self.reset()
-            self._cache_ptr = ptr
-        pages = self.adapter.pool.total_pages
-        if self.kv_indices.numel() < pages:
-            self.reset()  # the graphs read the old page list
-            self.kv_indices = torch.zeros(pages, dtype=torch.int32, device=self.adapter.device)
+        self.kv_indices = self._graphs.follow(
+            self.adapter.k_cache[0], self.adapter.pool.total_pages, self.kv_indices
+        )
 
     def _fill(self, key, rids, tokens, slots, positions, qo) -> None:
         """Queue the copies of this batch's padded metadata into the static buffers (pinned, no sync)."""
@@ -307,10 +301,22 @@ class GraphSet:
         self.max_graphs, self.device, self.stats = max_graphs, device, stats
         self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = OrderedDict()
         self._pool = None
+        self._cache_ptr: int | None = None
 
     def clear(self) -> None:
         self._graphs.clear()
         self._pool = None
+
+    def follow(self, cache: Tensor, pages: int, page_list: Tensor) -> Tensor:
+        """Drop the graphs when ``cache`` (one of the KV caches they read) was reallocated, or when the pool has
+        more ``pages`` than the static ``page_list`` holds; returns the page list to use (a longer one then)."""
+        if cache.data_ptr() != self._cache_ptr:
+            self.clear()
+            self._cache_ptr = cache.data_ptr()
+        if page_list.numel() < pages:
+            self.clear()  # the graphs read the old page list
+            page_list = torch.zeros(pages, dtype=torch.int32, device=page_list.device)
+        return page_list
 
     def replay(self, key: Hashable, fn: Callable[[], Any]) -> Any | None:
         """Replay the graph of ``key``, capturing ``fn`` first when there is none (:func:`capture_graph`), and
