@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark.kv import KVPoolExhausted, PagePool
+from dspark.kv.pool import grow_pages
 
 
 def _live_slots(pool: PagePool) -> dict[int, tuple]:
@@ -118,3 +119,20 @@ def test_errors():
         pool.truncate("a", 1)
     with pytest.raises(ValueError, match="page_size"):
         PagePool(page_size=0)
+
+
+def test_slot_of_is_the_slot_append_handed_out():
+    pool = PagePool(page_size=4, num_pages=2)
+    pool.add_request("a")
+    pool.add_request("b")
+    slots = {"a": pool.append_slots("a", 3).tolist(), "b": pool.append_slots("b", 6).tolist()}
+    slots["a"] += pool.append_slots("a", 7).tolist()  # grows the pool; pages interleave with b's
+    for rid, want in slots.items():
+        assert [pool.slot_of(rid, i) for i in range(len(want))] == want
+
+
+def test_grow_pages_keeps_the_old_pages_and_zeroes_the_new():
+    cache = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 3, 2)
+    grown = grow_pages(cache, 5)
+    assert grown.shape == (5, 3, 2) and torch.equal(grown[:2], cache) and not grown[2:].any()
+    assert grow_pages(cache, 2) is cache and grow_pages(cache, 1) is cache
