@@ -111,10 +111,11 @@ EOF
 # --- 4. host checks of the kernels' planning functions ---------------------------------------------------
 cd "$ROOT"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+CUTLASS_INC="$("$PY" -c 'import os, cutlass_library; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include"))')"
 mkdir -p build-cuda/host-checks
 for src in tests/cuda_host/*.cu; do
   bin="build-cuda/host-checks/$(basename "$src" .cu)"
-  "$NVCC" -std=c++17 -O1 -I include -o "$bin" "$src"
+  "$NVCC" -std=c++17 -O1 -I include -isystem "$CUTLASS_INC" -o "$bin" "$src"
   "$bin"
 done
 

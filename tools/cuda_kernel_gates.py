@@ -32,6 +32,7 @@ STACK_ALLOWED: dict[str, int] = {}
 TENSOR_CORE_KERNELS: tuple[str, ...] = (
     "PvaMmaKernel",  # paged_verify_attention, bf16 / fp16
     "MarkovMmaStepKernel",  # markov_sample, bf16 / fp16 tables
+    "MarkovHiddenMmaKernel",  # markov_sample_from_hidden: the LM head GEMM with the first step's draw
 )
 
 TENSOR_CORE_OPCODES = re.compile(r"\b(HMMA|HGMMA|IMMA|QGMMA)\b")

@@ -8,14 +8,12 @@
 
 namespace dspark {
 
-inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Tensor& anchor,
-                                     const at::Tensor& w1, const at::Tensor& w2,
-                                     const at::Tensor& temperature,
-                                     const c10::optional<at::Tensor>& request_ids) {
-  constexpr const char* op = "markov_sample";
-  check_dim(op, base_logits, "base_logits", 3);
-  check_float_dtype(op, base_logits, "base_logits");
-  const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2);
+// The Markov tables, anchors, temperatures and request ids of R requests drafting G slots over V ids, on the
+// device of `like` (the op's logits or hidden states, named like_name in errors).
+inline void check_markov_draft_args(const char* op, const at::Tensor& like, const char* like_name, int64_t R,
+                                    int64_t G, int64_t V, const at::Tensor& anchor, const at::Tensor& w1,
+                                    const at::Tensor& w2, const at::Tensor& temperature,
+                                    const c10::optional<at::Tensor>& request_ids) {
   check_dim(op, anchor, "anchor", 1);
   check_dtype(op, anchor, "anchor", at::kLong);
   TORCH_CHECK_VALUE(anchor.size(0) == R, "dspark::", op, ": anchor must have one token per request (R = ", R,
@@ -35,27 +33,35 @@ inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Te
   TORCH_CHECK_VALUE(temperature.size(0) == R, "dspark::", op,
                     ": temperature must have one entry per request (R = ", R, "), got ", temperature.size(0));
   TORCH_CHECK_VALUE(G <= 0xFFFF, "dspark::", op, ": at most 65535 draft positions, got gamma = ", G);
-  check_same_device(op, base_logits, "base_logits", anchor, "anchor");
-  check_same_device(op, base_logits, "base_logits", w1, "w1");
-  check_same_device(op, base_logits, "base_logits", w2, "w2");
-  check_same_device(op, base_logits, "base_logits", temperature, "temperature");
+  check_same_device(op, like, like_name, anchor, "anchor");
+  check_same_device(op, like, like_name, w1, "w1");
+  check_same_device(op, like, like_name, w2, "w2");
+  check_same_device(op, like, like_name, temperature, "temperature");
   if (request_ids.has_value()) {
     check_dim(op, *request_ids, "request_ids", 1);
     check_dtype(op, *request_ids, "request_ids", at::kLong);
     TORCH_CHECK_VALUE(request_ids->size(0) == R, "dspark::", op,
                       ": request_ids must have one entry per request (R = ", R, "), got ",
                       request_ids->size(0));
-    check_same_device(op, base_logits, "base_logits", *request_ids, "request_ids");
+    check_same_device(op, like, like_name, *request_ids, "request_ids");
   }
 }
 
-// Data checks (CPU only): anchors in [0, V), temperatures finite and >= 0, request ids in [0, 2^32), logits
-// free of NaN and +inf (-inf masks a token: it gets probability zero, but a row needs a finite entry).
-inline void check_markov_sample_values(const at::Tensor& base_logits, const at::Tensor& anchor,
-                                       const at::Tensor& temperature,
-                                       const c10::optional<at::Tensor>& request_ids) {
+inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Tensor& anchor,
+                                     const at::Tensor& w1, const at::Tensor& w2,
+                                     const at::Tensor& temperature,
+                                     const c10::optional<at::Tensor>& request_ids) {
   constexpr const char* op = "markov_sample";
-  const int64_t V = base_logits.size(2);
+  check_dim(op, base_logits, "base_logits", 3);
+  check_float_dtype(op, base_logits, "base_logits");
+  const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2);
+  check_markov_draft_args(op, base_logits, "base_logits", R, G, V, anchor, w1, w2, temperature, request_ids);
+}
+
+// Data checks (CPU only): anchors in [0, V), temperatures finite and >= 0, request ids in [0, 2^32).
+inline void check_markov_draft_values(const char* op, int64_t V, const at::Tensor& anchor,
+                                      const at::Tensor& temperature,
+                                      const c10::optional<at::Tensor>& request_ids) {
   const auto a = anchor.contiguous();
   const int64_t* ap = a.data_ptr<int64_t>();
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -76,13 +82,23 @@ inline void check_markov_sample_values(const at::Tensor& base_logits, const at::
                         "] = ", ip[i], " is outside [0, 2^32)");
     }
   }
-  if (base_logits.numel() > 0) {
-    const int flags = logits_value_flags(base_logits);
-    TORCH_CHECK_VALUE(!(flags & 1), "dspark::", op, ": base_logits contains NaN");
-    TORCH_CHECK_VALUE(!(flags & 2), "dspark::", op, ": base_logits contains +inf");
-    TORCH_CHECK_VALUE(!(flags & 4), "dspark::", op,
-                      ": every row of base_logits needs a finite entry (all -inf)");
-  }
+}
+
+// Logits free of NaN and +inf (-inf masks a token: it gets probability zero, but a row needs a finite entry).
+inline void check_markov_logit_values(const char* op, const at::Tensor& logits, const char* name) {
+  if (logits.numel() == 0) return;
+  const int flags = logits_value_flags(logits);
+  TORCH_CHECK_VALUE(!(flags & 1), "dspark::", op, ": ", name, " contains NaN");
+  TORCH_CHECK_VALUE(!(flags & 2), "dspark::", op, ": ", name, " contains +inf");
+  TORCH_CHECK_VALUE(!(flags & 4), "dspark::", op, ": every row of ", name,
+                    " needs a finite entry (all -inf)");
+}
+
+inline void check_markov_sample_values(const at::Tensor& base_logits, const at::Tensor& anchor,
+                                       const at::Tensor& temperature,
+                                       const c10::optional<at::Tensor>& request_ids) {
+  check_markov_draft_values("markov_sample", base_logits.size(2), anchor, temperature, request_ids);
+  check_markov_logit_values("markov_sample", base_logits, "base_logits");
 }
 
 }  // namespace dspark

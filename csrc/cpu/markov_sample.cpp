@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cpu/markov_sample.h"
 #include "dspark/sampling.h"
 #include "markov_sample_avx512.h"
 
@@ -298,15 +299,11 @@ void markov_steps(const void* u, at::ScalarType tu, const at::Tensor& anchor, co
 
 }  // namespace
 
-// base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32
-//   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32
-std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu_checked(
     const at::Tensor& base_logits, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
     const at::Tensor& temperature, int64_t seed, int64_t offset,
     const c10::optional<at::Tensor>& request_ids) {
-  check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
   const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2), rank = w1.size(1);
-  check_markov_sample_values(base_logits, anchor, temperature, request_ids);
   const auto u = base_logits.contiguous();
   auto opts = u.options().dtype(at::kFloat);
   auto z = at::empty({R, G, V}, opts);
@@ -315,6 +312,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(
   markov_steps(u.data_ptr(), u.scalar_type(), anchor, w1, w2, temperature, seed, offset, request_ids, z,
                tokens, prev_emb);
   return {tokens, z, prev_emb};
+}
+
+// base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32
+//   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32
+std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(
+    const at::Tensor& base_logits, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
+    const at::Tensor& temperature, int64_t seed, int64_t offset,
+    const c10::optional<at::Tensor>& request_ids) {
+  check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
+  check_markov_sample_values(base_logits, anchor, temperature, request_ids);
+  return markov_sample_cpu_checked(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids);
 }
 
 }  // namespace dspark

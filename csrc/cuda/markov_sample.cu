@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "checks/markov_sample.h"
+#include "cuda/markov_sample.h"
 #include "cuda/tensor_cores.h"
 #include "dspark/kernels/markov_sample_mma.cuh"
 

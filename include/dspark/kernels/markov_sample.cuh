@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kSumLanes)
   }
 }
 
-__global__ void __launch_bounds__(kSumLanes)
+// static: markov_sample.cu and markov_sample_from_hidden.cu both launch it (one copy per translation unit)
+static __global__ void __launch_bounds__(kSumLanes)
     MarkovReduceKernel(const float* __restrict__ part_key, const int64_t* __restrict__ part_idx,
                        int64_t* __restrict__ tokens, int64_t n_tiles, int64_t G, int64_t k) {
   __shared__ BlockScratch scratch;

@@ -39,13 +39,13 @@ __device__ __forceinline__ float HalfBitsToFloat(uint16_t bits) {
 
 // u [R, G, V], anchor [R], w1/w2 [V, rank] 16-bit (w2 4-byte aligned), temperature [R], request_ids [R] or
 // null -> z [R, G, V] f32 and prev_emb [R, G, rank] f32 at step k; part_key / part_idx [R, ceil(V / 128)].
-// Dynamic smem MarkovMmaSmem(rank) bytes.
+// u may be z itself (markov_sample_from_hidden's steps add the bias in place: each element is read, then
+// written, by the same thread). Dynamic smem MarkovMmaSmem(rank) bytes.
 template <typename TU, bool kBf16>
 __global__ void __launch_bounds__(128)
-    MarkovMmaStepKernel(const TU* __restrict__ u, const int64_t* __restrict__ anchor,
-                        const uint16_t* __restrict__ w1, const uint16_t* __restrict__ w2,
-                        const float* __restrict__ temperature, const int64_t* __restrict__ request_ids,
-                        const int64_t* __restrict__ tokens, float* __restrict__ z,
+    MarkovMmaStepKernel(const TU* u, const int64_t* __restrict__ anchor, const uint16_t* __restrict__ w1,
+                        const uint16_t* __restrict__ w2, const float* __restrict__ temperature,
+                        const int64_t* __restrict__ request_ids, const int64_t* __restrict__ tokens, float* z,
                         float* __restrict__ prev_emb, float* __restrict__ part_key,
                         int64_t* __restrict__ part_idx, int64_t R, int64_t G, int64_t V, int64_t rank,
                         int64_t k, uint64_t seed, uint64_t offset) {

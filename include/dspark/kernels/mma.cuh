@@ -14,26 +14,19 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cute/arch/mma_sm80.hpp>
+#include <type_traits>
 
 namespace dspark::kernels {
 
-// c += A B for one 16 x 8 x 16 tile; kBf16 selects bf16 inputs, else fp16.
+// c += A B for one 16 x 8 x 16 tile; kBf16 selects bf16 inputs, else fp16. The instruction is CuTe's MMA atom
+// (SM80_16x8x16_F32{BF16BF16,F16F16}F32_TN: row-major A, column-major B, fp32 accumulators in place).
 template <bool kBf16>
 __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kBf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
+  using Atom =
+      std::conditional_t<kBf16, cute::SM80_16x8x16_F32BF16BF16F32_TN, cute::SM80_16x8x16_F32F16F16F32_TN>;
+  Atom::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0, b1, c[0], c[1], c[2], c[3]);
 #else
   __trap();  // launchers choose a tensor-core kernel only on compute capability 8.0 and later
 #endif

@@ -264,14 +264,16 @@ def markov_sample(engine: Engine, sampling: SamplingConfig, offset: int, r: Roun
     ``q`` would be ``R × g × V`` floats, written, checked and padded every round for nothing (unless a
     ``round_observer`` records it)."""
     p = r.proposal
-    on_cpu = p.base_logits.device.type == "cpu"
-    if on_cpu:  # the CPU op checks its input's values; on CUDA a NaN in U reaches q, which is checked
+    # the CPU op checks its input's values; on CUDA (and where the LM head is fused with the draw, U is never
+    # apart from z) a NaN in U reaches q, which is checked
+    check_base = p.base_logits is not None and p.base_logits.device.type == "cpu"
+    if check_base:
         base_ok = all_finite(p.base_logits)
         p.base_logits = sanitized(p.base_logits, base_ok)
     r.sample = engine.drafter.sample(p, sampling.temperature, sampling.seed, offset, whole_vocab=False)
     z = r.sample.logits.float()  # (R, g, V'): finite here iff finite over V (outside: a finite constant)
     z_ok = all_finite(z)
-    r.draft_ok = base_ok & z_ok if on_cpu else z_ok
+    r.draft_ok = base_ok & z_ok if check_base else z_ok
     if sampling.temperature == 0 and engine.round_observer is None:
         r.draft_logits = None
     else:

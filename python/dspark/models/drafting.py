@@ -22,7 +22,7 @@ from dspark.models.context import PagedContexts
 from dspark.models.cpu_linear import few_row_linears
 from dspark.models.draft_vocab import expand_to_vocab
 from dspark.models.drafter_graphs import DrafterGraphs
-from dspark.models.heads import MarkovSample, sample_without_markov
+from dspark.models.heads import MarkovSample, VanillaMarkovHead, sample_without_markov
 from dspark.ops import paged_verify_attention
 
 
@@ -52,13 +52,14 @@ class DraftOutput:
 class DraftProposal:
     """What :meth:`DSparkDrafter.propose` hands to sampling: ``request_ids`` ``(R,)`` and ``anchors`` ``(R,)``
     int64 on the drafter's device, ``hidden`` ``(R, g, H)`` final-normed, ``base_logits`` ``U`` ``(R, g, V)``
-    (``(R, g, V')`` over a draft vocabulary; with a copy head, its bonus included), ``copy`` the copy inputs
-    ``(copy_tokens (R, γ), copy_match (R,))`` on the device (None for a drafter that reads no copies)."""
+    (``(R, g, V')`` over a draft vocabulary; with a copy head, its bonus included; None where the LM head is
+    fused with the draw, :meth:`DraftSteps.lm_head_fused`), ``copy`` the copy inputs ``(copy_tokens (R, γ),
+    copy_match (R,))`` on the device (None for a drafter that reads no copies)."""
 
     request_ids: Tensor
     anchors: Tensor
     hidden: Tensor
-    base_logits: Tensor
+    base_logits: Tensor | None
     copy: tuple[Tensor, Tensor] | None = None
 
 
@@ -82,6 +83,32 @@ class DraftSteps:
     copy_head: nn.Module | None
     contexts: PagedContexts
     graphs: DrafterGraphs | None  # CUDA graphs of block_forward (drafter_graphs), or None
+    fuse_lm_head: bool = True  # see lm_head_fused
+    fused_lm_head_devices: tuple[str, ...] = ("cuda",)  # where the fused op pays (tests add "cpu")
+
+    def lm_head_fused(self, hidden: Tensor) -> bool:
+        """Whether a draft of ``hidden`` ``(R, g, H)`` runs the LM head inside the Markov draw
+        (``dspark.ops.markov_sample_from_hidden``: ``U`` for every slot and the first slot's draw in one GEMM
+        over the LM head, never stored apart from ``z``) rather than as its own linear: on CUDA, for a vanilla
+        Markov head over the whole vocabulary, without a copy head (its bonus is added to ``U``), with the LM
+        head in the hidden states' dtype, unless ``fuse_lm_head`` is False. On CPU the op would be the same
+        matmul and draw, so the few-row linear path stays."""
+        return (
+            self.fuse_lm_head
+            and hidden.device.type in self.fused_lm_head_devices
+            and isinstance(self.markov_head, VanillaMarkovHead)
+            and self.copy_head is None
+            and self._vocab_tables() is None
+            and self.lm_head_weight.dtype == hidden.dtype
+        )
+
+    def base_logits(self, proposal: DraftProposal) -> Tensor:
+        """``U`` of a proposal ``(R, g, V)`` (``(R, g, V')`` over a draft vocabulary): its own, or computed here
+        where :meth:`propose` left it to the fused draw."""
+        if proposal.base_logits is not None:
+            return proposal.base_logits
+        R, g, _ = proposal.hidden.shape
+        return cpu_linear.linear(proposal.hidden.reshape(R * g, -1), self.lm_head_weight).view(R, g, -1)
 
     def block_forward(
         self, anchors: Tensor, batch: BlockBatch, copy: tuple[Tensor, Tensor] | None = None
@@ -235,7 +262,11 @@ class DraftSteps:
             # [R, g, V], or [R, g, V'] over a draft vocabulary; 2-D rows: a sliced 3-D hidden can send
             # F.linear down a batched path that copies the whole weight
             W = self.lm_head_weight if vocab is None else vocab.lm_head
-            U = cpu_linear.linear(hidden.reshape(R * g, -1), W).view(R, g, -1)
+            U = (
+                None
+                if self.lm_head_fused(hidden)
+                else cpu_linear.linear(hidden.reshape(R * g, -1), W).view(R, g, -1)
+            )
         if self.copy_head is not None:
             U = self.copy_head.add_to_logits(U, hidden, *copy, None if vocab is None else vocab.token_ids)
         return DraftProposal(to_device(ids_t, self.device), anchors, hidden, U, copy)
@@ -259,6 +290,10 @@ class DraftSteps:
         where a caller needs ``q`` at all: greedy verification reads none).
         """
         p, vocab = proposal, self._vocab_tables()
+        if p.base_logits is None:  # the LM head fused with the draw (lm_head_fused)
+            return self.markov_head.sample_from_hidden(
+                p.hidden, self.lm_head_weight, p.anchors, temperature, seed, offset, p.request_ids
+            )
         base = p.base_logits
         head = self.copy_head
         if head is not None and head.greedy_bias is not None:  # the greedy rows' extra bonus (copy_head)
@@ -374,11 +409,9 @@ class DraftSteps:
         base = None
         if return_base_logits:
             vocab = self._vocab_tables()
-            base = (
-                p.base_logits
-                if vocab is None
-                else expand_to_vocab(p.base_logits, vocab.token_ids, self.config.vocab_size)
-            )
+            base = self.base_logits(p)
+            if vocab is not None:
+                base = expand_to_vocab(base, vocab.token_ids, self.config.vocab_size)
         out = DraftOutput(s.tokens, s.logits, s.prev_emb, p.hidden, base)
         scored = self.score(
             p.hidden,

@@ -190,6 +190,40 @@ class VanillaMarkovHead(MarkovHead):
         s = _fused_sample(u, a, t1, t2, temperature, seed, offset, request_ids)
         return MarkovSample(vocab.token_ids[s.tokens], s.logits[..., : vocab.size], s.prev_emb.to(w1.dtype))
 
+    def sample_from_hidden(
+        self,
+        hidden: Tensor,
+        lm_head: Tensor,
+        anchor: Tensor,
+        temperature: float | Tensor,
+        seed: int,
+        offset: int,
+        request_ids: Tensor | None = None,
+    ) -> MarkovSample:
+        """:meth:`sample` of ``U = hidden · lm_headᵀ`` (hidden ``(R, γ, H)``, lm_head ``(V, H)``), whole
+        vocabulary, without a separate LM head: ``dspark.ops.markov_sample_from_hidden``."""
+        w1, w2 = self.markov_w1.weight, self.markov_w2.weight
+        R, dev = hidden.shape[0], hidden.device
+        if w1.dtype != hidden.dtype:
+            w1, w2 = w1.to(hidden.dtype), w2.to(hidden.dtype)
+        tokens, z, prev_emb = dspark.ops.markov_sample_from_hidden(
+            hidden.contiguous(),
+            lm_head,
+            anchor.to(torch.int64),
+            w1,
+            w2,
+            _as_temperature(temperature, R, dev),
+            int(seed),
+            int(offset),
+            _request_keys(request_ids, R, dev),
+        )
+        return MarkovSample(tokens, z, prev_emb.to(self.markov_w1.weight.dtype))
+
+
+def _request_keys(request_ids: Tensor | None, R: int, device: torch.device) -> Tensor:
+    """The Philox request keys ``(R,)`` int64: ``request_ids``, or ``0 .. R-1``."""
+    return torch.arange(R, device=device) if request_ids is None else request_ids.to(torch.int64)
+
 
 def sample_without_markov(
     base_logits: Tensor,
@@ -221,7 +255,6 @@ def _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, reques
     """``dspark.ops.markov_sample`` on ``(R, gamma, V)`` logits; tables cast to the logits' dtype."""
     R = base_logits.shape[0]
     dev = base_logits.device
-    ids = torch.arange(R, device=dev) if request_ids is None else request_ids
     if w1.dtype != base_logits.dtype:
         w1, w2 = w1.to(base_logits.dtype), w2.to(base_logits.dtype)
     tokens, z, prev_emb = dspark.ops.markov_sample(
@@ -232,7 +265,7 @@ def _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, reques
         _as_temperature(temperature, R, dev),
         int(seed),
         int(offset),
-        ids.to(torch.int64),
+        _request_keys(request_ids, R, dev),
     )
     return MarkovSample(tokens, z, prev_emb)
 

@@ -4,6 +4,7 @@
 from dspark.ops.confidence import confidence
 from dspark.ops.few_row_linear import few_row_linear
 from dspark.ops.markov_sample import markov_sample
+from dspark.ops.markov_sample_from_hidden import markov_sample_from_hidden
 from dspark.ops.paged_kv_append import paged_kv_append
 from dspark.ops.paged_verify_attention import paged_verify_attention
 from dspark.ops.philox_draw import philox_draw
@@ -19,5 +20,6 @@ __all__ = [
     "philox_draw",
     "plan_verify",
     "markov_sample",
+    "markov_sample_from_hidden",
     "rejection_sample",
 ]
