@@ -106,7 +106,7 @@ fi
 say "microbenchmarks ($(left)s left)"
 mkdir -p /tmp/dspark-bench
 : >"$OUT/bench.md"
-BENCHES="${DEVICE_CHECK_BENCHES:-paged_verify_attention markov_sample rejection_sample confidence plan_verify philox_draw few_row_linear}"
+BENCHES="${DEVICE_CHECK_BENCHES:-paged_verify_attention markov_sample markov_sample_from_hidden rejection_sample confidence plan_verify philox_draw few_row_linear}"
 for name in $BENCHES; do
   t=$(($(left) - 20))
   [ "$t" -lt 15 ] && { say "no time left for bench_$name"; continue; }

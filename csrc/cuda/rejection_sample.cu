@@ -17,8 +17,9 @@ namespace {
 
 // The one-block-per-request kernel alone when DSPARK_CUDA_REJECTION_SPLIT=0 (read per call, for
 // comparisons); otherwise greedy requests take the vocabulary-split greedy kernels and, where the grids fit
-// and the per-row workspace stays within 1 GiB, the sampled requests one block per verify row — or, in a
-// call without top_p, the vocabulary-split sampled kernels. Every choice gives the same tokens.
+// and the per-row workspace stays within 1 GiB, the sampled requests the vocabulary-split sampled kernels.
+// Every choice gives the CPU op's tokens, except that a split top-p threshold is summed in fixed point
+// (rejection_sample_split.cuh: contract C4).
 bool split_greedy(int64_t R, int64_t G, int64_t V) {
   return R <= 65535 && G + 1 <= 65535 && V < (int64_t{1} << 32);
 }
@@ -29,15 +30,20 @@ bool split_rows(int64_t R, int64_t G, int64_t V) {
 
 // Buffers of the vocabulary-split sampled kernels (kernels::SampledWork), kept alive for the call.
 struct SampledBuffers {
-  at::Tensor chunk_max, hist, sums, stop, best;
+  at::Tensor chunk_max, hist, mass_hist, sums, stop, best;
   kernels::SampledWork work{};
 };
 
-SampledBuffers sampled_buffers(int64_t R, int64_t G, int64_t V, bool top_k, const at::TensorOptions& o) {
+SampledBuffers sampled_buffers(int64_t R, int64_t G, int64_t V, bool top_k, bool top_p,
+                               const at::TensorOptions& o) {
   SampledBuffers b;
   if (top_k) {
     b.hist = at::empty({R, G + 1, 4, kernels::kRadixBins}, o.dtype(at::kInt));
     b.work.hist = reinterpret_cast<uint32_t*>(b.hist.data_ptr<int32_t>());
+  }
+  if (top_p) {
+    b.mass_hist = at::empty({R, G + 1, 4, kernels::kRadixBins}, o.dtype(at::kLong));
+    b.work.mass_hist = reinterpret_cast<unsigned long long*>(b.mass_hist.data_ptr<int64_t>());
   }
   b.work.chunks = kernels::VocabChunks(V);
   b.chunk_max = at::empty({R, G + 1, b.work.chunks, 2}, o.dtype(at::kInt));
@@ -52,18 +58,14 @@ SampledBuffers sampled_buffers(int64_t R, int64_t G, int64_t V, bool top_k, cons
 }
 
 // best defined: greedy requests to the greedy split kernels; sampled non-null: the sampled requests to the
-// sampled split kernels (a call without top_p), else to the row kernels.
+// sampled split kernels, else to the one-block-per-request kernel.
 template <typename TL>
 cudaError_t launch(const TL* target, kernels::RejectionParams& p, int64_t R, const at::Tensor& best,
-                   const kernels::SampledWork* sampled, const at::Tensor& row_token,
-                   const at::Tensor& row_accepted, cudaStream_t stream) {
+                   const kernels::SampledWork* sampled, cudaStream_t stream) {
   p.greedy_elsewhere = best.defined();
-  const cudaError_t status =
-      sampled != nullptr
-          ? kernels::RejectionSampleSampledSplit<TL>(target, p, R, *sampled, stream)
-          : kernels::RejectionSample<TL>(target, p, R, stream,
-                                         row_token.defined() ? row_token.data_ptr<int64_t>() : nullptr,
-                                         row_accepted.defined() ? row_accepted.data_ptr<bool>() : nullptr);
+  const cudaError_t status = sampled != nullptr
+                                 ? kernels::RejectionSampleSampledSplit<TL>(target, p, R, *sampled, stream)
+                                 : kernels::RejectionSample<TL>(target, p, R, stream);
   if (status != cudaSuccess || !best.defined()) return status;
   return kernels::RejectionSampleGreedy<TL>(target, p, R,
                                             reinterpret_cast<uint64_t*>(best.data_ptr<int64_t>()), stream);
@@ -102,14 +104,9 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const auto ptok = opt(penalty_tokens), pptr = opt(penalty_indptr);
   const auto zl = opt(draft_logits), oh = opt(draft_one_hot);
   const bool split = !switched_off("DSPARK_CUDA_REJECTION_SPLIT"), rows = split && split_rows(R, G, V);
-  // y and w per request, or per verify row when the rows run side by side
+  // y and w per request, or per verify row when the rows split over the vocabulary
   auto ws = rows ? at::empty({2, R, G + 1, V}, tl.options().dtype(at::kFloat))
                  : at::empty({2, R, V}, tl.options().dtype(at::kFloat));
-  at::Tensor row_token, row_accepted;  // [R, g + 1]: each row's token and whether it accepts its draft
-  if (rows) {
-    row_token = at::empty({R, G + 1}, dt.options());
-    row_accepted = at::empty({R, G + 1}, dt.options().dtype(at::kBool));
-  }
   kernels::RejectionParams p;
   p.qo_indptr = qo.data_ptr<int32_t>();
   p.draft_logits = zl.defined() ? zl.data_ptr<float>() : nullptr;
@@ -134,23 +131,22 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor best;  // [R, g + 1, chunks] packed (value, id) maxima of the greedy rows
   if (split && split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::VocabChunks(V)}, dt.options());
-  // a call without top-p: sampled rows over the vocabulary, in the row kernels' workspace (ws)
+  // sampled rows over the vocabulary, in the row kernels' workspace (ws)
   SampledBuffers sampled;
-  const bool split_sampled = rows && split_greedy(R, G, V) && !tp.defined();
-  if (split_sampled) sampled = sampled_buffers(R, G, V, tk.defined(), dt.options());
+  const bool split_sampled = rows && split_greedy(R, G, V);
+  if (split_sampled) sampled = sampled_buffers(R, G, V, tk.defined(), tp.defined(), dt.options());
   const kernels::SampledWork* sw = split_sampled ? &sampled.work : nullptr;
   cudaError_t status;
   switch (tl.scalar_type()) {
     case at::kFloat:
-      status = launch<float>(tl.data_ptr<float>(), p, R, best, sw, row_token, row_accepted, stream);
+      status = launch<float>(tl.data_ptr<float>(), p, R, best, sw, stream);
       break;
     case at::kBFloat16:
       status = launch<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, best, sw,
-                                     row_token, row_accepted, stream);
+                                     stream);
       break;
     default:
-      status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, best, sw, row_token,
-                              row_accepted, stream);
+      status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, best, sw, stream);
   }
   TORCH_CHECK(status == cudaSuccess,
               "dspark::rejection_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));

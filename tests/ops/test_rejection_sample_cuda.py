@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""rejection_sample on CUDA == CPU (same tokens for the same inputs and seeds); opcheck on CUDA."""
+"""rejection_sample on CUDA == CPU (same tokens for the same inputs and seeds; with top-p split over the
+vocabulary, except requests where the fixed-point and lane-sum top-p rules keep other ids: contract C4,
+tests/ops/top_p_c4.py); opcheck on CUDA."""
 
 import pytest
 import torch
@@ -18,14 +20,15 @@ from tests.ops.test_rejection_sample_one_hot import (
     masked_draft_logits,
     onehot_inputs,
 )
+from tests.ops.top_p_c4 import assert_equal_outside, top_p_disagreements
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def choose_kernels(split, monkeypatch):
-    """ "on": greedy rows and sampled rows without top-k / top-p split over the vocabulary, other rows one
-    block each (the default where they fit); "off": one block per request walking its rows
-    (DSPARK_CUDA_REJECTION_SPLIT=0). Both must give the CPU's tokens."""
+    """ "on": greedy and sampled rows split over the vocabulary (the default where they fit); "off": one block
+    per request walking its rows (DSPARK_CUDA_REJECTION_SPLIT=0). Both give the CPU's tokens (split top-p:
+    outside top_p_disagreements)."""
     set_switch(monkeypatch, "DSPARK_CUDA_REJECTION_SPLIT", split == "on")
 
 
@@ -40,7 +43,9 @@ def test_cuda_equals_cpu(procs, dtype, seed, split, monkeypatch):
     gpu = dspark.ops.rejection_sample(
         *(a.cuda() for a in args), seed, 1, **{k: v.cuda() for k, v in procs.items()}
     )
-    assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
+    skip = top_p_disagreements(args, procs) if split == "on" else set()
+    assert len(skip) <= 1  # near-ties of the top-p boundary are rare
+    assert_equal_outside(cpu, gpu, skip)
 
 
 @pytest.mark.parametrize("split", ["on", "off"])
@@ -218,10 +223,10 @@ def _sampled_case(R, G, V, seed, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("filtering", ["none", "top_k", "top_p"])
 def test_sampled_rounds_split_over_the_vocabulary_equal_cpu(split, dtype, filtering, monkeypatch):
-    # in a call without top-p, sampled requests run on (request, row, 4,096-id chunk) CTAs — the top-k
-    # threshold by a radix select whose digit histograms are summed over the chunks, the normalisers in the
-    # CPU's lane order — so the tokens and accepted counts are the CPU op's exactly. With top_p they take the
-    # row kernels (one block per verify row), with the same result.
+    # sampled requests run on (request, row, 4,096-id chunk) CTAs — the top-k threshold by a radix select whose
+    # digit histograms are summed over the chunks, the normalisers in the CPU's lane order — so the tokens and
+    # accepted counts are the CPU op's exactly; the top-p threshold by a radix select over fixed-point masses,
+    # so exactly except where that rule and the CPU's keep other ids (C4)
     choose_kernels(split, monkeypatch)
     R, V = 10, 3 * 4096 + 1000
     args, procs = _sampled_case(R, 7, V, 8, dtype)
@@ -233,12 +238,13 @@ def test_sampled_rounds_split_over_the_vocabulary_equal_cpu(split, dtype, filter
     gpu_args = tuple(a.cuda() for a in args)
     gpu = dspark.ops.rejection_sample(*gpu_args, 3, 4, **_cuda(procs))
     assert int(cpu[0].sum()) > R  # runs of accepted drafts, not only first-row rejections
-    assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
+    skip = top_p_disagreements(args, procs) if split == "on" else set()
+    assert len(skip) <= 2
+    assert_equal_outside(cpu, gpu, skip)
     names = kernel_names(lambda: dspark.ops.rejection_sample(*gpu_args, 3, 4, **_cuda(procs)))
-    split_sampled = split == "on" and filtering != "top_p"
-    assert ("SampledMaxKernel" in names) == split_sampled, names
-    assert ("SampledTopKPassKernel" in names) == (split_sampled and filtering == "top_k"), names
-    assert ("RejectionRowsKernel" in names) == (split == "on" and filtering == "top_p"), names
+    assert ("SampledMaxKernel" in names) == (split == "on"), names
+    assert ("SampledTopKPassKernel" in names) == (split == "on" and filtering == "top_k"), names
+    assert ("SampledTopPPassKernel" in names) == (split == "on" and filtering == "top_p"), names
 
 
 def test_sampled_split_top_k_ties_at_the_threshold_equal_cpu():

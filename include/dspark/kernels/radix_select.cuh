@@ -4,6 +4,8 @@
 // in one block (BlockRadixKthLargest), or over many CTAs whose histograms are added up between passes
 // (RadixReplay decides the digits from them).
 // Counts are integers, so the result does not depend on the order of the additions (contract C2).
+// MassDigit / MassReplay run the same passes over integer (fixed-point) masses instead of counts: the top-p
+// threshold, the key at which the mass counted from the largest key down reaches a target.
 //
 // As a top-k threshold it keeps the same ids as search_key's (the CPU op's): the smallest key K with
 // #{y > key_to_float(K)} < k is the k-th largest key K_k, except that when K_k is +0's key the search may
@@ -39,6 +41,31 @@ DSPARK_HD uint32_t RadixReplay(const uint32_t* hists, int passes, int64_t& k) {
 
 // The mask of the digits decided before pass `pass` (0 .. 3).
 DSPARK_HD uint32_t RadixMask(int pass) { return pass == 0 ? 0u : 0xFFFFFFFFu << (32 - 8 * pass); }
+
+// One top-p pass's decision from its mass histogram: the digit whose candidates hold the point where the mass
+// counted from digit 255 down first reaches `need`, with need made relative to that digit's candidates.
+DSPARK_HD uint32_t MassDigit(const unsigned long long* hist, unsigned long long& need) {
+  for (int d = kRadixBins - 1; d > 0; --d) {
+    if (need <= hist[d]) return static_cast<uint32_t>(d);
+    need -= hist[d];
+  }
+  return 0u;
+}
+
+// The top-p key digits decided by the first `passes` passes (hists[p * kRadixBins + d]). The mass to reach is
+// top_p times the row's whole mass (pass 0's histogram), at least one unit: the kept ids are those whose key
+// is at least the result's, the least set whose mass reaches it (ties kept together), as the CPU's search.
+DSPARK_HD uint32_t MassReplay(const unsigned long long* hists, int passes, float top_p) {
+  if (passes == 0) return 0u;  // pass 0's histogram may still be filling
+  unsigned long long total = 0ull;
+  for (int d = 0; d < kRadixBins; ++d) total += hists[d];
+  unsigned long long need =
+      static_cast<unsigned long long>(static_cast<double>(top_p) * static_cast<double>(total));
+  if (need == 0ull) need = 1ull;
+  uint32_t prefix = 0u;
+  for (int p = 0; p < passes; ++p) prefix |= MassDigit(hists + p * kRadixBins, need) << (24 - 8 * p);
+  return prefix;
+}
 
 // Shared memory of BlockRadixKthLargest.
 struct RadixScratch {

@@ -236,56 +236,11 @@ __global__ void __launch_bounds__(kSumLanes)
   if (threadIdx.x == 0) a.accepted[r] = n_acc;
 }
 
-// grid (G + 1, R): every verify row decided in its own block (rows past the first rejection too, then dropped
-// by the walk), so one request's rows run side by side. ws_y / ws_w [R, G + 1, V]; row_token [R, G + 1] i64,
-// row_accepted [R, G + 1].
+// One block per request (RejectionSampleKernel, ws [R, V]).
 template <typename TL>
-__global__ void __launch_bounds__(kSumLanes)
-    RejectionRowsKernel(const TL* __restrict__ target, RejectionParams a, int64_t* __restrict__ row_token,
-                        bool* __restrict__ row_accepted) {
-  __shared__ BlockScratch s;
-  __shared__ RadixScratch rs;
-  const int64_t i = blockIdx.x, r = blockIdx.y, slot = r * (a.G + 1) + i;
-  if (i >= a.verify_len[r] || ElsewhereRequest(a, r)) return;  // block-uniform
-  const RowOutcome o = RejectionRow(target, a, r, i, a.ws_y + slot * a.V, a.ws_w + slot * a.V, s, rs);
-  if (threadIdx.x == 0) {
-    row_token[slot] = o.token;
-    row_accepted[slot] = o.accepted;
-  }
-}
-
-// grid ceil(R / 128) x 128 threads: each request's walk over its decided rows.
-__global__ void RejectionWalkKernel(RejectionParams a, const int64_t* __restrict__ row_token,
-                                    const bool* __restrict__ row_accepted, int64_t R) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= R || ElsewhereRequest(a, r)) return;
-  const int64_t n = a.verify_len[r];
-  int32_t n_acc = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = r * (a.G + 1) + i;
-    a.out_tokens[slot] = row_token[slot];
-    if (!row_accepted[slot]) break;
-    ++n_acc;
-  }
-  a.accepted[r] = n_acc;
-}
-
-// row_token / row_accepted null: one block per request (RejectionSampleKernel, ws [R, V]); else one block per
-// verify row then the walk (ws [R, G + 1, V]). Both give the same tokens.
-template <typename TL>
-cudaError_t RejectionSample(const TL* target, const RejectionParams& params, int64_t R, cudaStream_t stream,
-                            int64_t* row_token = nullptr, bool* row_accepted = nullptr) {
+cudaError_t RejectionSample(const TL* target, const RejectionParams& params, int64_t R, cudaStream_t stream) {
   if (R <= 0) return cudaSuccess;
-  if (row_token == nullptr) {
-    RejectionSampleKernel<TL><<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(target, params);
-    return cudaGetLastError();
-  }
-  const dim3 grid(static_cast<unsigned>(params.G + 1), static_cast<unsigned>(R));
-  RejectionRowsKernel<TL><<<grid, kSumLanes, 0, stream>>>(target, params, row_token, row_accepted);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  RejectionWalkKernel<<<static_cast<unsigned>((R + 127) / 128), 128, 0, stream>>>(params, row_token,
-                                                                                  row_accepted, R);
+  RejectionSampleKernel<TL><<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(target, params);
   return cudaGetLastError();
 }
 

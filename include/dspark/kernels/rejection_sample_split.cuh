@@ -1,16 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA rejection_sample, the sampled requests of a call without top-p split over the vocabulary, with the
-// CPU op's tokens bit for bit. Every part of such a row is elementwise (y, exp, the proposal weights, the
-// Gumbel keys), an order-free maximum, an integer histogram (the top-k threshold), or one of two fixed-order
-// lane sums (p's and q's normalisers); only the lane sums are sequential, and they are cheap once their terms
-// are in memory. So:
+// CUDA rejection_sample, the sampled requests split over the vocabulary. Without top-p, with the CPU op's
+// tokens bit for bit: every part of such a row is elementwise (y, exp, the proposal weights, the Gumbel
+// keys), an order-free maximum, an integer histogram (the top-k threshold), or one of two fixed-order lane
+// sums (p's and q's normalisers); only the lane sums are sequential, and they are cheap once their terms are
+// in memory. With top-p, the threshold comes from a radix select over the masses (1c), summed in 2^-40 fixed
+// point by integer atomics (order-free, C2) where the CPU sums floats in lane order per bisection step: the
+// kept set is the CPU's except where the mass above the boundary lies within that rounding of top_p x total,
+// and given the kept set everything else is still the CPU's arithmetic (contract C4). So:
 //   1. SampledMaxKernel, grid (chunks, G + 1, R): y = the penalised target logit / T of the chunk's ids into
 //      ws_e; the chunk's maxima of y and of z / T as ordered keys (-0 folded into +0: the sign of a zero
 //      maximum m changes no exp(v - m)).
 //   1b. with top_k, SampledTopKPassKernel x 4, same grid: the radix select of the k-th largest y, one 8-bit
 //      digit per pass, each CTA adding its chunk's digit histogram to the row's (radix_select.cuh);
+//   1c. with top_p, SampledTopPPassKernel x 4, same grid: the radix select of the top-p threshold, one 8-bit
+//      digit of y's ordered key per pass, each CTA adding its chunk's per-digit masses of e = exp(y - m)
+//      (0 below the top-k threshold) to the row's (MassReplay decides the digits from them);
 //   2. SampledExpKernel, same grid: m = the row's maximum; e = exp(y - m) in place (0 below the top-k
-//      threshold), and the proposal weights
+//      and top-p thresholds), and the proposal weights
 //      draft_weight(z, T, m_q) into ws_q (rows with a sampled draft only).
 //   3. SampledLaneSumKernel, grid (2, G + 1, R), kSumLanes threads: p's normaliser (blockIdx.x = 0) or q's
 //      (1) as the CPU sums them: lane t adds ids t, t + 256, ... in order, then the fixed tree.
@@ -34,9 +40,7 @@
 
 namespace dspark::kernels {
 
-// A sampled request (temperature > 0; greedy ones go to rejection_sample_greedy.cuh). The launcher uses these
-// kernels only for calls without top_p, whose rows are elementwise work, order-free maxima, integer
-// histograms (top-k) and fixed-order lane sums.
+// A sampled request (temperature > 0; greedy ones go to rejection_sample_greedy.cuh).
 __device__ __forceinline__ bool SampledRequest(const RejectionParams& a, int64_t r) {
   return a.temperature[r] > 0.0f;
 }
@@ -46,15 +50,30 @@ __device__ __forceinline__ bool RowHasTopK(const RejectionParams& a, int64_t r) 
   return a.top_k != nullptr && a.top_k[r] > 0 && a.top_k[r] < a.V;
 }
 
+// Whether request r keeps only its top_p mass (top_p < 1), as the CPU op's top-p branch.
+__device__ __forceinline__ bool RowHasTopP(const RejectionParams& a, int64_t r) {
+  return a.top_p != nullptr && a.top_p[r] < 1.0f;
+}
+
 constexpr int kSampledThreads = 256;
+
+// e = exp(y - m) in 2^-40 fixed point (e <= 1: a row's sum stays below 2^58 for any V < 2^18; truncation,
+// the same on every device).
+__device__ __forceinline__ unsigned long long MassFixed(float e) {
+  return static_cast<unsigned long long>(e * 1099511627776.0f);  // 2^40: exact scaling
+}
+
+// The ordered key a top-p pass files y under: -0 folded into +0 (y >= -0 and y >= +0 keep the same ids).
+__device__ __forceinline__ uint32_t TopPKey(float y) { return ordered_key(y == 0.0f ? 0.0f : y); }
 
 // Small per-call workspace of the sampled split kernels.
 struct SampledWork {
   uint32_t* chunk_max;  // [R, G + 1, chunks, 2]: ordered keys of max y and max z / T over each chunk
   uint32_t* hist;       // [R, G + 1, 4, 256]: the top-k radix passes' digit histograms (null without top_k)
-  float* sums;          // [R, G + 1, 2]: p's and q's normalisers
-  int32_t* stop;        // [R, 2]: the stopping row, and 1 when it draws a residual (0: the bonus)
-  uint64_t* best;       // [R, 2]: packed maxima of the residual draw and of the draw from p
+  unsigned long long* mass_hist;  // [R, G + 1, 4, 256]: the top-p passes' fixed-point masses (null without)
+  float* sums;                    // [R, G + 1, 2]: p's and q's normalisers
+  int32_t* stop;                  // [R, 2]: the stopping row, and 1 when it draws a residual (0: the bonus)
+  uint64_t* best;                 // [R, 2]: packed maxima of the residual draw and of the draw from p
   int64_t chunks;
 };
 
@@ -85,6 +104,10 @@ __global__ void __launch_bounds__(kSampledThreads)
   float* y = a.ws_y + row * a.V;
   if (chunk == 0 && RowHasTopK(a, r)) {  // the radix passes (later launches) add into these
     for (int b = threadIdx.x; b < 4 * kRadixBins; b += kSampledThreads) w.hist[row * 4 * kRadixBins + b] = 0u;
+  }
+  if (chunk == 0 && RowHasTopP(a, r)) {
+    for (int b = threadIdx.x; b < 4 * kRadixBins; b += kSampledThreads)
+      w.mass_hist[row * 4 * kRadixBins + b] = 0ull;
   }
   uint32_t my = 0, mz = 0;  // 0: below every ordered key of a non-NaN float
   for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) {
@@ -134,28 +157,78 @@ __global__ void __launch_bounds__(kSampledThreads)
   }
 }
 
-// grid (chunks, G + 1, R), block kSampledThreads.
-__global__ void __launch_bounds__(kSampledThreads) SampledExpKernel(RejectionParams a, SampledWork w) {
-  __shared__ float s_thr;
-  const int64_t chunk = blockIdx.x, i = blockIdx.y, r = blockIdx.z, row = r * (a.G + 1) + i;
-  if (i >= a.verify_len[r] || !SampledRequest(a, r)) return;  // CTA-uniform
-  const int64_t lo = chunk * kVocabChunk, hi = min(a.V, lo + kVocabChunk);
-  const bool has_q = RowHasQ(a, r, i);
-  float thr = -INFINITY;  // top-k: the k-th largest y (the CPU's search keeps the same ids, radix_select.cuh)
-  if (RowHasTopK(a, r)) {
-    if (threadIdx.x == 0) {
-      int64_t k = a.top_k[r];
-      s_thr = key_to_float(RadixReplay(w.hist + row * 4 * kRadixBins, 4, k));
-    }
-    __syncthreads();
-    thr = s_thr;
-  }
-  uint32_t ky = 0, kz = 0;  // the row's maxima: integer maxima over its chunks, order-free
+// The top-k threshold of a row (-inf without top-k): the k-th largest y (the CPU's search keeps the same ids,
+// radix_select.cuh). Thread 0 only.
+__device__ __forceinline__ float RowTopKThreshold(const RejectionParams& a, const SampledWork& w, int64_t r,
+                                                  int64_t row) {
+  if (!RowHasTopK(a, r)) return -INFINITY;
+  int64_t k = a.top_k[r];
+  return key_to_float(RadixReplay(w.hist + row * 4 * kRadixBins, 4, k));
+}
+
+// The row's maxima of y and z / T as ordered keys: integer maxima over its chunks, order-free.
+__device__ __forceinline__ uint2 RowMaxKeys(const SampledWork& w, int64_t row) {
+  uint32_t ky = 0, kz = 0;
   for (int64_t c = 0; c < w.chunks; ++c) {
     ky = max(ky, w.chunk_max[(row * w.chunks + c) * 2]);
     kz = max(kz, w.chunk_max[(row * w.chunks + c) * 2 + 1]);
   }
-  const float m = key_to_float(ky), T = a.temperature[r];
+  return make_uint2(ky, kz);
+}
+
+// grid (chunks, G + 1, R), block kSampledThreads: pass `pass` (0 .. 3) of a row's top-p radix select — the
+// fixed-point masses e = exp(y - m) (0 below the top-k threshold) of the chunk's ids whose keys match the
+// digits the earlier passes decided, per digit `pass`, added to the row's by integer atomics (order-free).
+// Rows without top-p are skipped.
+__global__ void __launch_bounds__(kSampledThreads)
+    SampledTopPPassKernel(RejectionParams a, SampledWork w, int pass) {
+  __shared__ unsigned long long hist[kRadixBins];
+  __shared__ uint32_t s_prefix;
+  __shared__ float s_thr;
+  const int64_t chunk = blockIdx.x, i = blockIdx.y, r = blockIdx.z, row = r * (a.G + 1) + i;
+  if (i >= a.verify_len[r] || !SampledRequest(a, r) || !RowHasTopP(a, r)) return;  // CTA-uniform
+  unsigned long long* row_hist = w.mass_hist + row * 4 * kRadixBins;
+  if (threadIdx.x == 0) {
+    s_thr = RowTopKThreshold(a, w, r, row);
+    s_prefix = MassReplay(row_hist, pass, a.top_p[r]);
+  }
+  for (int b = threadIdx.x; b < kRadixBins; b += kSampledThreads) hist[b] = 0ull;
+  __syncthreads();
+  const uint32_t prefix = s_prefix, mask = RadixMask(pass);
+  const int shift = 24 - 8 * pass;
+  const float thr = s_thr, m = key_to_float(RowMaxKeys(w, row).x);
+  const float* y = a.ws_y + row * a.V;
+  const int64_t lo = chunk * kVocabChunk, hi = min(a.V, lo + kVocabChunk);
+  for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) {
+    const float v = y[j];
+    const uint32_t key = TopPKey(v);
+    if ((key & mask) != prefix || !(v >= thr)) continue;
+    const unsigned long long mass = MassFixed(exp_exact(add_rn(v, -m)));
+    if (mass != 0ull) atomicAdd(&hist[(key >> shift) & 0xFFu], mass);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kRadixBins; b += kSampledThreads) {
+    if (hist[b] != 0ull) atomicAdd(&row_hist[pass * kRadixBins + b], hist[b]);
+  }
+}
+
+// grid (chunks, G + 1, R), block kSampledThreads.
+__global__ void __launch_bounds__(kSampledThreads) SampledExpKernel(RejectionParams a, SampledWork w) {
+  __shared__ float s_thr, s_thr_p;
+  const int64_t chunk = blockIdx.x, i = blockIdx.y, r = blockIdx.z, row = r * (a.G + 1) + i;
+  if (i >= a.verify_len[r] || !SampledRequest(a, r)) return;  // CTA-uniform
+  const int64_t lo = chunk * kVocabChunk, hi = min(a.V, lo + kVocabChunk);
+  const bool has_q = RowHasQ(a, r, i);
+  if (threadIdx.x == 0) {
+    s_thr = RowTopKThreshold(a, w, r, row);
+    s_thr_p = RowHasTopP(a, r) ? key_to_float(MassReplay(w.mass_hist + row * 4 * kRadixBins, 4, a.top_p[r]))
+                               : -INFINITY;
+  }
+  __syncthreads();
+  const float thr = max(s_thr, s_thr_p);  // kept: y >= both thresholds
+  const uint2 keys = RowMaxKeys(w, row);
+  const uint32_t kz = keys.y;
+  const float m = key_to_float(keys.x), T = a.temperature[r];
   float* e = a.ws_y + row * a.V;
   for (int64_t j = lo + threadIdx.x; j < hi; j += kSampledThreads) {
     e[j] = e[j] >= thr ? exp_exact(add_rn(e[j], -m)) : 0.0f;
@@ -270,7 +343,7 @@ __global__ void SampledEmitKernel(RejectionParams a, SampledWork w, int64_t R) {
 }
 
 // target [T, V]; params with ws_y / ws_w [R, G + 1, V] f32; work sized for R, G and VocabChunks(V).
-// Greedy requests are left untouched; params.top_p must be null.
+// Greedy requests are left untouched; work.mass_hist is needed with params.top_p.
 template <typename TL>
 cudaError_t RejectionSampleSampledSplit(const TL* target, const RejectionParams& params, int64_t R,
                                         const SampledWork& work, cudaStream_t stream) {
@@ -282,6 +355,11 @@ cudaError_t RejectionSampleSampledSplit(const TL* target, const RejectionParams&
   if (params.top_k != nullptr) {
     for (int pass = 0; pass < 4; ++pass) {
       SampledTopKPassKernel<<<chunk_grid, kSampledThreads, 0, stream>>>(params, work, pass);
+    }
+  }
+  if (params.top_p != nullptr) {
+    for (int pass = 0; pass < 4; ++pass) {
+      SampledTopPPassKernel<<<chunk_grid, kSampledThreads, 0, stream>>>(params, work, pass);
     }
   }
   SampledExpKernel<<<chunk_grid, kSampledThreads, 0, stream>>>(params, work);

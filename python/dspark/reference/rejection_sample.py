@@ -17,18 +17,18 @@ def _penalize(x: Tensor, penalty: float) -> Tensor:
     return torch.where(x < 0, x * sm.f32(penalty), x / sm.f32(penalty))
 
 
-def target_probs_ref(
+def scaled_weights_ref(
     logits: Tensor,
     temperature: float,
     top_k: int = 0,
-    top_p: float = 1.0,
     penalty: float = 1.0,
     seen_tokens: list[int] | None = None,
-) -> tuple[int, Tensor | None]:
-    """Processed target row: (argmax of the penalised scaled logits, p or None when greedy).
+) -> tuple[int, Tensor, Tensor | None]:
+    """A target row before top-p: (argmax, y, w) — ``y`` the penalised scaled logits ``(V,)``, ``w`` their
+    unnormalised weights ``exp(y - max)`` zeroed below the top-k threshold (None when greedy).
 
     HF order: repetition penalty on raw logits (tokens in ``seen_tokens``, each once), ``/ T``, top-k (keep
-    values >= the k-th largest), top-p (keep value classes whose strictly higher mass is < top_p).
+    values >= the k-th largest).
     """
     raw = logits.float()
     y = raw.clone()
@@ -40,15 +40,32 @@ def target_probs_ref(
         y = y / sm.f32(temperature)
     arg = int(torch.argmax(y))
     if greedy:
-        return arg, None
+        return arg, y, None
     V = y.shape[0]
-    m = y[arg]
-    lo, hi = sm.ordered_key(float("-inf")), sm.ordered_key(float(m))
+    lo, hi = sm.ordered_key(float("-inf")), sm.ordered_key(float(y[arg]))
     thr = torch.tensor(float("-inf"))
     if 0 < top_k < V:
         thr = sm.key_to_float(sm.search_key(lo, hi, lambda v: int((y > v).sum()) < top_k))
-    w = torch.where(y >= thr, sm.exp_exact(y - m), torch.zeros_like(y))
+    return arg, y, torch.where(y >= thr, sm.exp_exact(y - y[arg]), torch.zeros_like(y))
+
+
+def target_probs_ref(
+    logits: Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    penalty: float = 1.0,
+    seen_tokens: list[int] | None = None,
+) -> tuple[int, Tensor | None]:
+    """Processed target row: (argmax of the penalised scaled logits, p or None when greedy).
+
+    :func:`scaled_weights_ref`, then top-p (keep value classes whose strictly higher mass is < top_p).
+    """
+    arg, y, w = scaled_weights_ref(logits, temperature, top_k, penalty, seen_tokens)
+    if w is None:
+        return arg, None
     if top_p < 1.0:
+        lo, hi = sm.ordered_key(float("-inf")), sm.ordered_key(float(y[arg]))
         target = sm.f32(top_p) * sm.lane_sum(w)
         thr_p = sm.key_to_float(
             sm.search_key(lo, hi, lambda v: bool(sm.lane_sum(torch.where(y > v, w, 0.0)) < target))
