@@ -158,6 +158,8 @@ def model_specs(quick: bool, device: str, dtype_a: torch.dtype) -> list[ModelSpe
                 canary_strict=False,
                 notes=[
                     "drafter: DeepSpec's Qwen3-8B shape (5 layers, taps [1, 9, 17, 25, 33], rank 256), random",
+                    "its LM head runs inside the Markov draw (markov_sample_from_hidden): the markov_sample "
+                    "stage holds the LM head's time, the draft stage the backbone alone",
                     "bf16: the greedy comparison is reported, not enforced (near-ties round differently)",
                 ],
             )
