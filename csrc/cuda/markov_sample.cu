@@ -35,12 +35,12 @@ void launch_mma(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor&
   const auto* w2p = reinterpret_cast<const uint16_t*>(w2.data_ptr());
   auto* kernel = w1.scalar_type() == at::kBFloat16 ? kernels::MarkovSampleMma<TU, true>
                                                    : kernels::MarkovSampleMma<TU, false>;
-  const cudaError_t status =
-      kernel(reinterpret_cast<const TU*>(u.data_ptr()), anchor.data_ptr<int64_t>(), w1p, w2p,
-             temperature.data_ptr<float>(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
-             tokens.data_ptr<int64_t>(), z.data_ptr<float>(), prev_emb.data_ptr<float>(),
-             part_key.data_ptr<float>(), part_idx.data_ptr<int64_t>(), R, G, V, rank,
-             static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), c10::cuda::getCurrentCUDAStream());
+  const cudaError_t status = kernel(
+      reinterpret_cast<const TU*>(u.data_ptr()), anchor.data_ptr<int64_t>(), w1p, w2p,
+      temperature.data_ptr<float>(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
+      tokens.data_ptr<int64_t>(), z.data_ptr<float>(), prev_emb.data_ptr<float>(), part_key.data_ptr<float>(),
+      part_idx.data_ptr<int64_t>(), R, G, V, rank, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
+      0, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(status == cudaSuccess,
               "dspark::markov_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
 }

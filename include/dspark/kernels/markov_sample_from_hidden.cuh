@@ -127,19 +127,7 @@ __global__ void __launch_bounds__(128)
   // epilogue 1: accumulators into shared memory (the staged rows are no longer read), rows g and g + 8 of
   // each row tile, columns 2t and 2t + 1 of each id block
   float* s_z = reinterpret_cast<float*>(s_hidden_mma);  // [kMarkovMmaRequests][kMarkovMmaZStride]
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
-    if (mt >= m_tiles) break;  // warp-uniform
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int c = mt * 16 + g + 8 * h;
-#pragma unroll
-      for (int nb = 0; nb < 4; ++nb) {
-        s_z[c * kMarkovMmaZStride + warp * 32 + nb * 8 + 2 * t] = acc[mt][nb][2 * h];
-        s_z[c * kMarkovMmaZStride + warp * 32 + nb * 8 + 2 * t + 1] = acc[mt][nb][2 * h + 1];
-      }
-    }
-  }
+  StoreAccumulators(acc, s_z, m_tiles, warp, g, t);
   __syncthreads();
   // epilogue 2, one warp per row: every row stored; rows of step 0 also draw, as MarkovMmaStepKernel does
   // (one call site of draft_key)
@@ -201,23 +189,10 @@ cudaError_t MarkovSampleFromHiddenMma(const uint16_t* hidden, const uint16_t* lm
       rank, seed, offset);
   MarkovReduceKernel<<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(part_key, part_idx, tokens, n_tiles,
                                                                          G, 0);
-  if (G == 1) return cudaGetLastError();
-  const dim3 grid(static_cast<unsigned>((R + kMarkovMmaRequests - 1) / kMarkovMmaRequests),
-                  static_cast<unsigned>(n_tiles));
-  const size_t smem = MarkovMmaSmem(rank);
-  auto* step = MarkovMmaStepKernel<float, kBf16>;
-  if (smem > 48 * 1024) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(step, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-  }
-  for (int64_t k = 1; k < G; ++k) {
-    step<<<grid, 128, smem, stream>>>(z, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb,
-                                      part_key, part_idx, R, G, V, rank, k, seed, offset);
-    MarkovReduceKernel<<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(part_key, part_idx, tokens,
-                                                                           n_tiles, G, k);
-  }
-  return cudaGetLastError();
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return MarkovSampleMma<float, kBf16>(z, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb,
+                                       part_key, part_idx, R, G, V, rank, seed, offset, 1, stream);
 }
 
 }  // namespace dspark::kernels

@@ -37,6 +37,26 @@ __device__ __forceinline__ float HalfBitsToFloat(uint16_t bits) {
   }
 }
 
+// The accumulators of a warp's 4 row tiles x 4 id blocks (m16n8 C fragments) into rows g and g + 8 of each
+// row tile, columns 2t and 2t + 1 of each id block of the warp's 32 columns of s_z
+// [kMarkovMmaRequests][kMarkovMmaZStride].
+__device__ __forceinline__ void StoreAccumulators(const float (&acc)[4][4][4], float* s_z, int m_tiles,
+                                                  int warp, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    if (mt >= m_tiles) break;  // warp-uniform
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = mt * 16 + g + 8 * h;
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb) {
+        s_z[c * kMarkovMmaZStride + warp * 32 + nb * 8 + 2 * t] = acc[mt][nb][2 * h];
+        s_z[c * kMarkovMmaZStride + warp * 32 + nb * 8 + 2 * t + 1] = acc[mt][nb][2 * h + 1];
+      }
+    }
+  }
+}
+
 // u [R, G, V], anchor [R], w1/w2 [V, rank] 16-bit (w2 4-byte aligned), temperature [R], request_ids [R] or
 // null -> z [R, G, V] f32 and prev_emb [R, G, rank] f32 at step k; part_key / part_idx [R, ceil(V / 128)].
 // u may be z itself (markov_sample_from_hidden's steps add the bias in place: each element is read, then
@@ -104,19 +124,7 @@ __global__ void __launch_bounds__(128)
   // request tile, columns 2t and 2t + 1 of each id block
   __syncthreads();
   float* s_z = reinterpret_cast<float*>(s_markov_mma);  // [kMarkovMmaRequests][kMarkovMmaZStride]
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
-    if (mt >= m_tiles) break;  // warp-uniform
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int c = mt * 16 + g + 8 * h;
-#pragma unroll
-      for (int nb = 0; nb < 4; ++nb) {
-        s_z[c * kMarkovMmaZStride + warp * 32 + nb * 8 + 2 * t] = acc[mt][nb][2 * h];
-        s_z[c * kMarkovMmaZStride + warp * 32 + nb * 8 + 2 * t + 1] = acc[mt][nb][2 * h + 1];
-      }
-    }
-  }
+  StoreAccumulators(acc, s_z, m_tiles, warp, g, t);
   __syncthreads();
   // epilogue 2, one warp per request: z stored (z is what q is: contract C1), the Gumbel-max key draft_key(z,
   // T) and the best (key, id) of the tile by best_of over the warp (order-free). One call site of draft_key:
@@ -152,14 +160,16 @@ inline size_t MarkovMmaSmem(int64_t rank) {
 
 inline int64_t MarkovMmaTiles(int64_t V) { return (V + kMarkovMmaVocab - 1) / kMarkovMmaVocab; }
 
-// The tensor-core draft: per step k, MarkovMmaStepKernel then MarkovReduceKernel. Same arguments as
-// MarkovSample, with w1 / w2 as 16-bit patterns; part_key / part_idx [R, MarkovMmaTiles(V)].
+// The tensor-core draft: per step k = first_step .. G - 1, MarkovMmaStepKernel then MarkovReduceKernel. Same
+// arguments as MarkovSample, with w1 / w2 as 16-bit patterns; part_key / part_idx [R, MarkovMmaTiles(V)].
+// first_step > 0: the earlier steps' tokens are already drawn (markov_sample_from_hidden's first step).
 template <typename TU, bool kBf16>
 cudaError_t MarkovSampleMma(const TU* u, const int64_t* anchor, const uint16_t* w1, const uint16_t* w2,
                             const float* temperature, const int64_t* request_ids, int64_t* tokens, float* z,
                             float* prev_emb, float* part_key, int64_t* part_idx, int64_t R, int64_t G,
-                            int64_t V, int64_t rank, uint64_t seed, uint64_t offset, cudaStream_t stream) {
-  if (R <= 0 || G <= 0 || V <= 0) return cudaSuccess;
+                            int64_t V, int64_t rank, uint64_t seed, uint64_t offset, int64_t first_step,
+                            cudaStream_t stream) {
+  if (R <= 0 || G <= first_step || V <= 0) return cudaSuccess;
   const int64_t n_tiles = MarkovMmaTiles(V);
   const dim3 grid(static_cast<unsigned>((R + kMarkovMmaRequests - 1) / kMarkovMmaRequests),
                   static_cast<unsigned>(n_tiles));
@@ -170,7 +180,7 @@ cudaError_t MarkovSampleMma(const TU* u, const int64_t* anchor, const uint16_t* 
         cudaFuncSetAttribute(step, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  for (int64_t k = 0; k < G; ++k) {
+  for (int64_t k = first_step; k < G; ++k) {
     step<<<grid, 128, smem, stream>>>(u, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb,
                                       part_key, part_idx, R, G, V, rank, k, seed, offset);
     MarkovReduceKernel<<<static_cast<unsigned>(R), kSumLanes, 0, stream>>>(part_key, part_idx, tokens,

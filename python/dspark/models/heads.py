@@ -206,23 +206,18 @@ class VanillaMarkovHead(MarkovHead):
         R, dev = hidden.shape[0], hidden.device
         if w1.dtype != hidden.dtype:
             w1, w2 = w1.to(hidden.dtype), w2.to(hidden.dtype)
+        draw = _draw_args(temperature, seed, offset, request_ids, R, dev)
         tokens, z, prev_emb = dspark.ops.markov_sample_from_hidden(
-            hidden.contiguous(),
-            lm_head,
-            anchor.to(torch.int64),
-            w1,
-            w2,
-            _as_temperature(temperature, R, dev),
-            int(seed),
-            int(offset),
-            _request_keys(request_ids, R, dev),
+            hidden.contiguous(), lm_head, anchor.to(torch.int64), w1, w2, *draw
         )
         return MarkovSample(tokens, z, prev_emb.to(self.markov_w1.weight.dtype))
 
 
-def _request_keys(request_ids: Tensor | None, R: int, device: torch.device) -> Tensor:
-    """The Philox request keys ``(R,)`` int64: ``request_ids``, or ``0 .. R-1``."""
-    return torch.arange(R, device=device) if request_ids is None else request_ids.to(torch.int64)
+def _draw_args(temperature, seed, offset, request_ids, R: int, device: torch.device) -> tuple:
+    """The Markov ops' last arguments: temperatures ``(R,)`` float32, seed, offset and the Philox request keys
+    ``(R,)`` int64 (``request_ids``, or ``0 .. R-1``)."""
+    ids = torch.arange(R, device=device) if request_ids is None else request_ids.to(torch.int64)
+    return _as_temperature(temperature, R, device), int(seed), int(offset), ids
 
 
 def sample_without_markov(
@@ -257,15 +252,9 @@ def _fused_sample(base_logits, anchor, w1, w2, temperature, seed, offset, reques
     dev = base_logits.device
     if w1.dtype != base_logits.dtype:
         w1, w2 = w1.to(base_logits.dtype), w2.to(base_logits.dtype)
+    draw = _draw_args(temperature, seed, offset, request_ids, R, dev)
     tokens, z, prev_emb = dspark.ops.markov_sample(
-        base_logits.contiguous(),
-        anchor.to(torch.int64),
-        w1,
-        w2,
-        _as_temperature(temperature, R, dev),
-        int(seed),
-        int(offset),
-        _request_keys(request_ids, R, dev),
+        base_logits.contiguous(), anchor.to(torch.int64), w1, w2, *draw
     )
     return MarkovSample(tokens, z, prev_emb)
 
