@@ -131,7 +131,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor best;  // [R, g + 1, chunks] packed (value, id) maxima of the greedy rows
   if (split && split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::VocabChunks(V)}, dt.options());
-  // sampled rows over the vocabulary, in the row kernels' workspace (ws)
+  // sampled rows over the vocabulary, in the per-row workspace (ws)
   SampledBuffers sampled;
   const bool split_sampled = rows && split_greedy(R, G, V);
   if (split_sampled) sampled = sampled_buffers(R, G, V, tk.defined(), tp.defined(), dt.options());

@@ -3,12 +3,10 @@
 // / T) and p (top-k by radix select, top-p by threshold search, fixed-order normalisation) in a global
 // workspace, forms q = softmax(z / T) on the fly (requests with deterministic proposals: q one-hot at the
 // draft, never formed; their draft rows are not read), and takes the accept / residual / bonus decision. The
-// rows of a request run either in order in one block (stopping at the first rejection) or each in its own
-// block followed by a walk (rows past the first rejection computed and dropped): the Philox keys name the
-// row, so both give the same tokens. Greedy requests may go to vocabulary-split kernels instead
-// (rejection_sample_greedy.cuh), and so may every sampled request of a call without top-p
+// rows of a request run in order in one block, stopping at the first rejection. Greedy requests may go to
+// vocabulary-split kernels instead (rejection_sample_greedy.cuh), and so may the sampled requests
 // (rejection_sample_split.cuh; the launcher then runs none of the kernels below). Every sum, exp, log and tie
-// rule is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same tokens.
+// rule here is the CPU op's (include/dspark/sampling.h + sampling_block.cuh): same tokens.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -42,7 +40,7 @@ struct RejectionParams {
   bool greedy_elsewhere = false;  // greedy requests go to rejection_sample_greedy.cuh's kernels
 };
 
-// Whether request r is left to the vocabulary-split greedy kernels rather than the row kernels below.
+// Whether request r is left to the vocabulary-split greedy kernels rather than the kernel below.
 __device__ __forceinline__ bool ElsewhereRequest(const RejectionParams& a, int64_t r) {
   return a.temperature[r] == 0.0f && a.greedy_elsewhere;
 }
