@@ -17,9 +17,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cpu/markov_sample.h"
 #include "dspark/sampling.h"
 #include "markov_sample_avx512.h"
+#include "markov_sample_impl.h"
 
 namespace dspark {
 namespace {

@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "cpu/markov_sample.h"
+#include "markov_sample_impl.h"
 
 namespace dspark {
 

@@ -10,9 +10,9 @@
 #include <cstdint>
 
 #include "checks/markov_sample.h"
-#include "cuda/markov_sample.h"
 #include "cuda/tensor_cores.h"
 #include "dspark/kernels/markov_sample_mma.cuh"
+#include "markov_sample_impl.h"
 
 namespace dspark {
 namespace {

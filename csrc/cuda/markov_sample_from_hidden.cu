@@ -11,9 +11,9 @@
 #include <cstdint>
 
 #include "checks/markov_sample_from_hidden.h"
-#include "cuda/markov_sample.h"
 #include "cuda/tensor_cores.h"
 #include "dspark/kernels/markov_sample_from_hidden.cuh"
+#include "markov_sample_impl.h"
 
 namespace dspark {
 namespace {

@@ -129,8 +129,8 @@ __global__ void __launch_bounds__(128)
   float* s_z = reinterpret_cast<float*>(s_hidden_mma);  // [kMarkovMmaRequests][kMarkovMmaZStride]
   StoreAccumulators(acc, s_z, m_tiles, warp, g, t);
   __syncthreads();
-  // epilogue 2, one warp per row: every row stored; rows of step 0 also draw, as MarkovMmaStepKernel does
-  // (one call site of draft_key)
+  // epilogue 2, one warp per row: every row stored; rows of step 0 also draw (DrawTileRow, as
+  // MarkovMmaStepKernel)
   for (int c = warp; c < nm; c += 4) {
     const int64_t m = m0 + c, r = m / G;
     const float* row = s_z + c * kMarkovMmaZStride;
@@ -142,23 +142,10 @@ __global__ void __launch_bounds__(128)
       }
       continue;
     }
-    const float T = temperature[r];
-    const uint32_t req = static_cast<uint32_t>(request_ids ? request_ids[r] : r);
-    KeyIdx best{-INFINITY, -1};
-#pragma unroll 1
-    for (int j = lane; j < kMarkovMmaVocab; j += 32) {
-      const int64_t id = tile * kMarkovMmaVocab + j;
-      if (id >= V) break;
-      const float zi = row[j];
-      z[m * V + id] = zi;
-      const float key = draft_key(zi, T, seed, offset, req, 0u, id);
-      if (key > -INFINITY) best = best_of(best, KeyIdx{key, id});  // -inf logits are never drawn
-    }
-    best = WarpBest(best);  // lane 0 holds the warp's best
-    if (lane == 0) {
-      part_key[r * n_tiles + tile] = best.key;
-      part_idx[r * n_tiles + tile] = best.idx;
-    }
+    const auto value = [&](int j, int64_t) { return row[j]; };
+    DrawTileRow(value, z + m * V, tile, V, temperature[r], seed, offset,
+                static_cast<uint32_t>(request_ids ? request_ids[r] : r), 0u, part_key + r * n_tiles + tile,
+                part_idx + r * n_tiles + tile, lane);
   }
 }
 

@@ -57,6 +57,31 @@ __device__ __forceinline__ void StoreAccumulators(const float (&acc)[4][4][4], f
   }
 }
 
+// One warp's draw over tile `tile` of a row: z_j = value(j, id) for the tile's ids j (id = tile * 128 + j <
+// V), stored to z_row[id] (z is what q is: contract C1), the Gumbel-max key draft_key(z, T) and the best
+// (key, id) by best_of over the warp (order-free); lane 0 writes it to *part_key / *part_idx. The loop is the
+// kernel's one call site of draft_key: unrolled copies of it made ptxas give the kernel a stack frame.
+template <typename Value>
+__device__ __forceinline__ void DrawTileRow(Value value, float* z_row, int64_t tile, int64_t V, float T,
+                                            uint64_t seed, uint64_t offset, uint32_t req, uint32_t k,
+                                            float* part_key, int64_t* part_idx, int lane) {
+  KeyIdx best{-INFINITY, -1};
+#pragma unroll 1
+  for (int j = lane; j < kMarkovMmaVocab; j += 32) {
+    const int64_t id = tile * kMarkovMmaVocab + j;
+    if (id >= V) break;
+    const float zi = value(j, id);
+    z_row[id] = zi;
+    const float key = draft_key(zi, T, seed, offset, req, k, id);
+    if (key > -INFINITY) best = best_of(best, KeyIdx{key, id});  // -inf logits are never drawn
+  }
+  best = WarpBest(best);  // lane 0 holds the warp's best
+  if (lane == 0) {
+    *part_key = best.key;
+    *part_idx = best.idx;
+  }
+}
+
 // u [R, G, V], anchor [R], w1/w2 [V, rank] 16-bit (w2 4-byte aligned), temperature [R], request_ids [R] or
 // null -> z [R, G, V] f32 and prev_emb [R, G, rank] f32 at step k; part_key / part_idx [R, ceil(V / 128)].
 // u may be z itself (markov_sample_from_hidden's steps add the bias in place: each element is read, then
@@ -126,28 +151,14 @@ __global__ void __launch_bounds__(128)
   float* s_z = reinterpret_cast<float*>(s_markov_mma);  // [kMarkovMmaRequests][kMarkovMmaZStride]
   StoreAccumulators(acc, s_z, m_tiles, warp, g, t);
   __syncthreads();
-  // epilogue 2, one warp per request: z stored (z is what q is: contract C1), the Gumbel-max key draft_key(z,
-  // T) and the best (key, id) of the tile by best_of over the warp (order-free). One call site of draft_key:
-  // unrolled copies of it made ptxas give the kernel a stack frame.
+  // epilogue 2, one warp per request: z = U + bias, drawn over the tile (DrawTileRow)
   for (int c = warp; c < nr; c += 4) {
     const int64_t r = r0 + c, rk = r * G + k;
-    const float T = temperature[r];
-    const uint32_t req = static_cast<uint32_t>(request_ids ? request_ids[r] : r);
-    KeyIdx best{-INFINITY, -1};
-#pragma unroll 1
-    for (int j = lane; j < kMarkovMmaVocab; j += 32) {
-      const int64_t id = tile * kMarkovMmaVocab + j;
-      if (id >= V) break;
-      const float zi = add_rn(static_cast<float>(u[rk * V + id]), s_z[c * kMarkovMmaZStride + j]);
-      z[rk * V + id] = zi;
-      const float key = draft_key(zi, T, seed, offset, req, static_cast<uint32_t>(k), id);
-      if (key > -INFINITY) best = best_of(best, KeyIdx{key, id});  // -inf logits are never drawn
-    }
-    best = WarpBest(best);  // lane 0 holds the warp's best
-    if (lane == 0) {
-      part_key[r * n_tiles + tile] = best.key;
-      part_idx[r * n_tiles + tile] = best.idx;
-    }
+    const float* bias = s_z + c * kMarkovMmaZStride;
+    const auto value = [&](int j, int64_t id) { return add_rn(static_cast<float>(u[rk * V + id]), bias[j]); };
+    DrawTileRow(value, z + rk * V, tile, V, temperature[r], seed, offset,
+                static_cast<uint32_t>(request_ids ? request_ids[r] : r), static_cast<uint32_t>(k),
+                part_key + r * n_tiles + tile, part_idx + r * n_tiles + tile, lane);
   }
 }
 
