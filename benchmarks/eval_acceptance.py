@@ -3,7 +3,7 @@
 
     python benchmarks/eval_acceptance.py --drafter dspark=PATH --drafter dflash=PATH \
         --prompts PROMPTS_DIR/mt-bench.jsonl PROMPTS_DIR/humaneval.jsonl \
-        [--limit 40] [--temperatures 0 1] [--max-new-tokens 256] [--batch 8] [--planner full] \
+        [--limit 40] [--temperatures 0 1] [--max-new-tokens 256] [--batch 8] [--planner full] [--seed S] \
         [--draft-vocab dspark=draft_vocab.json | dspark=none] [--lookup] [--json out.json] [--plot acceptance.png]
 
 DeepSpec's protocol: the first user turn of each row, chat template, EOS ends a sequence, the prefill token is
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--planner", default="full")
+    ap.add_argument("--seed", type=int, default=980406, help="sampling seed of every run (T > 0)")
     ap.add_argument(
         "--drafter-dtype",
         default=None,
@@ -143,6 +144,7 @@ def main() -> None:
                     max_new_tokens=args.max_new_tokens,
                     batch=args.batch,
                     planner=args.planner,
+                    seed=args.seed,
                     sts=sts.get(name)
                     or folder_file(name, *(("sts-greedy.json",) if T == 0 else ()), "sts.json"),
                     lookup=args.lookup,
@@ -171,6 +173,14 @@ def main() -> None:
                 + " | ".join(f"{per[s]['tau']:.2f}" for s in sets)
                 + f" | {per['macro_tau']:.2f} |"
             )
+    print("\nfirst-slot acceptance (accept_rate_at[0]):\n")
+    print("| drafter | T | " + " | ".join(sets) + " | macro |")
+    print("|---|---|" + "---|" * (len(sets) + 1))
+    for name in names:
+        for T in args.temperatures:
+            first = [results[name][str(T)][s]["accept_rate_at"][0] for s in sets]
+            cells = " | ".join(f"{x:.3f}" for x in first)
+            print(f"| {name} | {T} | {cells} | {sum(first) / len(first):.3f} |")
     if len(names) >= 2:
         a, b = names[0], names[1]
         for T in args.temperatures:

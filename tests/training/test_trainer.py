@@ -258,3 +258,49 @@ def test_fit_cli_init_from_a_trained_drafter(tmp_path, monkeypatch):
         cli.main(argv(0))
     with pytest.raises(SystemExit, match="--init-from"):
         cli.main(argv(8, "--init", "norm"))
+
+
+def test_fit_cli_carries_a_greedy_table_from_init_from(tmp_path, monkeypatch):
+    """``--copy-greedy-bias`` keeps the source's greedy table through training (no loss term reads it); without
+    the flag the table is an unexpected tensor, and the flag without a copy head is refused."""
+    import dspark.cli as cli
+    import dspark.models.loading as loading
+
+    t, _, cache = _setup(tmp_path)
+    monkeypatch.setattr(loading, "load_target", lambda spec: (t, None))
+    torch.manual_seed(3)
+    src_drafter = DSparkDrafter.from_config(
+        t,
+        block_size=4,
+        num_layers=1,
+        target_layer_ids=cache.layer_ids,
+        markov_rank=8,
+        copy_head=True,
+        copy_greedy_bias=True,
+    )
+    with torch.no_grad():
+        src_drafter.copy_head.greedy_bias.uniform_(1.0, 9.0)
+    src = tmp_path / "src"
+    src_drafter.save_pretrained(src, include_embeddings=False)
+    out = tmp_path / "warm"
+
+    def argv(*extra: str) -> list[str]:
+        return [
+            *("train", "fit", "--features", str(tmp_path / "feats"), "--out", str(out)),
+            *("--num-layers", "1", "--block-size", "4", "--markov-rank", "8", "--copy-head"),
+            *("--steps", "2", "--batch-seqs", "2", "--num-anchors", "8", "--no-compile-loss", "--lr", "1e-2"),
+            *("--init-from", str(src), *extra),
+        ]
+
+    assert cli.main(argv("--copy-greedy-bias")) == 0
+    trained = DSparkDrafter.from_pretrained(out / "final", target=t)
+    assert trained.config.copy_greedy_bias
+    torch.testing.assert_close(trained.copy_head.greedy_bias, src_drafter.copy_head.greedy_bias)
+    moved = trained.copy_head.logit_bias.detach() - src_drafter.copy_head.logit_bias.detach()
+    assert moved.abs().max() > 0  # the rest of the copy head did train (lr 1e-2, two steps)
+    shutil.rmtree(out)
+    with pytest.raises(ValueError, match=r"unexpected tensor 'copy_head.greedy_bias'"):
+        cli.main(argv())
+    no_head = [a for a in argv("--copy-greedy-bias") if a != "--copy-head"]
+    with pytest.raises(SystemExit, match="--copy-greedy-bias: .*--copy-head"):
+        cli.main(no_head)

@@ -92,6 +92,8 @@ def _fit(args: argparse.Namespace) -> int:
 
     if args.markov_init == "bigram" and args.markov_rank == 0:
         raise SystemExit("--markov-init bigram: needs a Markov head (--markov-rank > 0)")
+    if args.copy_greedy_bias and not args.copy_head:
+        raise SystemExit("--copy-greedy-bias: the greedy table is part of the copy head; add --copy-head")
     if args.init_from is not None and (
         args.init != "random" or args.feature_scaling or args.markov_init != "random"
     ):
@@ -125,6 +127,7 @@ def _fit(args: argparse.Namespace) -> int:
         tap_norm=args.tap_norm,
         copy_head=args.copy_head,
         copy_extent_bounds=args.copy_extent_bounds,
+        copy_greedy_bias=args.copy_greedy_bias,
     )
     rms = None
     if args.feature_scaling:  # per-channel RMS of (up to) 64 cached sequences
@@ -405,6 +408,11 @@ def add_train_parser(sub) -> None:
         (
             "--copy-head",
             "a learned bonus on the copied token's logit and confidence (docs/drafter.md, Copy head)",
+        ),
+        (
+            "--copy-greedy-bias",
+            "keep the copy head's greedy table (needs --copy-head): no loss term reads it, so it stays as "
+            "--init-from loaded it (zeros otherwise); refit it with `dspark train greedy-table`",
         ),
     ):
         t.add_argument(flag, action="store_true", help=what)
