@@ -73,6 +73,19 @@ def evaluate(
     }
 
 
+def print_table(
+    results: dict, names: list[str], temperatures: list[float], sets: list[str], value, digits: int
+):
+    """A markdown table: one row per (drafter, T), ``value(result)`` per prompt set and their mean (macro)."""
+    print("| drafter | T | " + " | ".join(sets) + " | macro |")
+    print("|---|---|" + "---|" * (len(sets) + 1))
+    for name in names:
+        for T in temperatures:
+            vals = [value(results[name][str(T)][s]) for s in sets]
+            cells = " | ".join(f"{x:.{digits}f}" for x in vals)
+            print(f"| {name} | {T} | {cells} | {sum(vals) / len(vals):.{digits}f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2")
@@ -163,24 +176,9 @@ def main() -> None:
         f"tokens, first {args.limit or 'all'} prompts per set)\n"
     )
     names = list(drafters)
-    print("| drafter | T | " + " | ".join(sets) + " | macro |")
-    print("|---|---|" + "---|" * (len(sets) + 1))
-    for name in names:
-        for T in args.temperatures:
-            per = results[name][str(T)]
-            print(
-                f"| {name} | {T} | "
-                + " | ".join(f"{per[s]['tau']:.2f}" for s in sets)
-                + f" | {per['macro_tau']:.2f} |"
-            )
+    print_table(results, names, args.temperatures, list(sets), lambda r: r["tau"], 2)
     print("\nfirst-slot acceptance (accept_rate_at[0]):\n")
-    print("| drafter | T | " + " | ".join(sets) + " | macro |")
-    print("|---|---|" + "---|" * (len(sets) + 1))
-    for name in names:
-        for T in args.temperatures:
-            first = [results[name][str(T)][s]["accept_rate_at"][0] for s in sets]
-            cells = " | ".join(f"{x:.3f}" for x in first)
-            print(f"| {name} | {T} | {cells} | {sum(first) / len(first):.3f} |")
+    print_table(results, names, args.temperatures, list(sets), lambda r: r["accept_rate_at"][0], 3)
     if len(names) >= 2:
         a, b = names[0], names[1]
         for T in args.temperatures:
