@@ -29,7 +29,8 @@ What one batch size R measures (all greedy, EOS ignored, R random prompts of ``-
    cost the same at every l and the verify stage is what l changes. Random weights accept almost no drafts, so
    a round commits about one token per request whatever l is: the measured τ means nothing, the round cost is
    what is measured.
-2. **Per stage** (draft = backbone + LM head, markov_sample, confidence, plan, verify, accept, commit): ms from
+2. **Per stage** (draft = backbone + LM head, markov_sample, confidence, plan, verify, accept, commit; the LM
+   head moves to markov_sample where it runs inside the draw: (B)'s fused op, and graph rounds): ms from
    CUDA events on CUDA (``perf_counter`` on CPU) around each stage of each round, read after the call (timing.py
    says how, without changing the library); inside verify, the ``paged_verify_attention`` calls (attention's
    share) and ``paged_kv_append``; inside commit, the drafter's ``append_context``. Also the whole round on the

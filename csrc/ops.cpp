@@ -40,18 +40,21 @@ TORCH_LIBRARY(dspark, m) {
       "paged_verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "
       "Tensor kv_indices, Tensor kv_last_page_len, float scale, bool causal) -> Tensor");
   // base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32 (0 =
-  // greedy), request_ids [R] i64 (Philox request key; default r)
+  // greedy), request_ids [R] i64 (Philox request key; default r), round_offset [1] i64 (added to offset where
+  // the op runs: a CUDA graph replays the op with the counter it refills)
   //   -> tokens [R, g] i64, draft_logits [R, g, V] f32 (z = U + W2 W1[x_{k-1}]), prev_emb [R, g, r] f32
   m.def(
       "markov_sample(Tensor base_logits, Tensor anchor, Tensor w1, Tensor w2, Tensor temperature, int seed, "
-      "int offset, Tensor? request_ids=None) -> (Tensor tokens, Tensor draft_logits, Tensor prev_emb)");
+      "int offset, Tensor? request_ids=None, Tensor? round_offset=None) -> (Tensor tokens, Tensor "
+      "draft_logits, "
+      "Tensor prev_emb)");
   // hidden [R, g, H] f32/bf16/f16, lm_head [V, H] (hidden's dtype), then as markov_sample with U = hidden ·
   // lm_headᵀ summed in fp32 (never rounded to a 16-bit type)
   //   -> tokens [R, g] i64, draft_logits [R, g, V] f32 (z = U + W2 W1[x_{k-1}]), prev_emb [R, g, r] f32
   m.def(
       "markov_sample_from_hidden(Tensor hidden, Tensor lm_head, Tensor anchor, Tensor w1, Tensor w2, "
-      "Tensor temperature, int seed, int offset, Tensor? request_ids=None) -> (Tensor tokens, Tensor "
-      "draft_logits, Tensor prev_emb)");
+      "Tensor temperature, int seed, int offset, Tensor? request_ids=None, Tensor? round_offset=None) -> "
+      "(Tensor tokens, Tensor draft_logits, Tensor prev_emb)");
   // target_logits [T, V], qo_indptr [R + 1] i32, draft_logits [R, g, V] f32 or None (every draft a
   // deterministic proposal: q one-hot at it), draft_tokens [R, g] i64, verify_len [R] i32 in [1, g + 1],
   // temperature [R] f32, optional request_ids [R] i64, top_k [R] i64, top_p [R] f32, repetition_penalty [R]

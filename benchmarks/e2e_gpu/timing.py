@@ -284,6 +284,7 @@ def run_engine(
         graphs = describe(dec.adapter.graph_stats) if cuda_graphs else None
         if graphs is not None and dec.drafter_graphs is not None:  # the drafter's block forward
             graphs["drafter"] = describe(dec.drafter_graphs.stats)
+            graphs["drafter_heads"] = describe(dec.drafter_graphs.heads.stats)  # LM head + draw, confidence
     finally:
         _ACTIVE.remove(rec)
         if drafter is not None:

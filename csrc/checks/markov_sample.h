@@ -13,7 +13,8 @@ namespace dspark {
 inline void check_markov_draft_args(const char* op, const at::Tensor& like, const char* like_name, int64_t R,
                                     int64_t G, int64_t V, const at::Tensor& anchor, const at::Tensor& w1,
                                     const at::Tensor& w2, const at::Tensor& temperature,
-                                    const c10::optional<at::Tensor>& request_ids) {
+                                    const c10::optional<at::Tensor>& request_ids,
+                                    const c10::optional<at::Tensor>& round_offset) {
   check_dim(op, anchor, "anchor", 1);
   check_dtype(op, anchor, "anchor", at::kLong);
   TORCH_CHECK_VALUE(anchor.size(0) == R, "dspark::", op, ": anchor must have one token per request (R = ", R,
@@ -45,17 +46,26 @@ inline void check_markov_draft_args(const char* op, const at::Tensor& like, cons
                       request_ids->size(0));
     check_same_device(op, like, like_name, *request_ids, "request_ids");
   }
+  if (round_offset.has_value()) {
+    check_dim(op, *round_offset, "round_offset", 1);
+    check_dtype(op, *round_offset, "round_offset", at::kLong);
+    TORCH_CHECK_VALUE(round_offset->size(0) == 1, "dspark::", op,
+                      ": round_offset must hold one counter (shape (1,)), got ", round_offset->sizes());
+    check_same_device(op, like, like_name, *round_offset, "round_offset");
+  }
 }
 
 inline void check_markov_sample_args(const at::Tensor& base_logits, const at::Tensor& anchor,
                                      const at::Tensor& w1, const at::Tensor& w2,
                                      const at::Tensor& temperature,
-                                     const c10::optional<at::Tensor>& request_ids) {
+                                     const c10::optional<at::Tensor>& request_ids,
+                                     const c10::optional<at::Tensor>& round_offset) {
   constexpr const char* op = "markov_sample";
   check_dim(op, base_logits, "base_logits", 3);
   check_float_dtype(op, base_logits, "base_logits");
   const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2);
-  check_markov_draft_args(op, base_logits, "base_logits", R, G, V, anchor, w1, w2, temperature, request_ids);
+  check_markov_draft_args(op, base_logits, "base_logits", R, G, V, anchor, w1, w2, temperature, request_ids,
+                          round_offset);
 }
 
 // Data checks (CPU only): anchors in [0, V), temperatures finite and >= 0, request ids in [0, 2^32).

@@ -9,7 +9,8 @@ namespace dspark {
 inline void check_markov_sample_from_hidden_args(const at::Tensor& hidden, const at::Tensor& lm_head,
                                                  const at::Tensor& anchor, const at::Tensor& w1,
                                                  const at::Tensor& w2, const at::Tensor& temperature,
-                                                 const c10::optional<at::Tensor>& request_ids) {
+                                                 const c10::optional<at::Tensor>& request_ids,
+                                                 const c10::optional<at::Tensor>& round_offset) {
   constexpr const char* op = "markov_sample_from_hidden";
   check_dim(op, hidden, "hidden", 3);
   check_float_dtype(op, hidden, "hidden");
@@ -21,7 +22,8 @@ inline void check_markov_sample_from_hidden_args(const at::Tensor& hidden, const
                     ": lm_head must have hidden's dtype ", dtype_name(hidden.scalar_type()), ", got ",
                     dtype_name(lm_head.scalar_type()));
   check_same_device(op, hidden, "hidden", lm_head, "lm_head");
-  check_markov_draft_args(op, hidden, "hidden", R, G, V, anchor, w1, w2, temperature, request_ids);
+  check_markov_draft_args(op, hidden, "hidden", R, G, V, anchor, w1, w2, temperature, request_ids,
+                          round_offset);
 }
 
 }  // namespace dspark

@@ -318,11 +318,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu_checked(
 //   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32
 std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cpu(
     const at::Tensor& base_logits, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
-    const at::Tensor& temperature, int64_t seed, int64_t offset,
-    const c10::optional<at::Tensor>& request_ids) {
-  check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
+    const at::Tensor& temperature, int64_t seed, int64_t offset, const c10::optional<at::Tensor>& request_ids,
+    const c10::optional<at::Tensor>& round_offset) {
+  check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids, round_offset);
   check_markov_sample_values(base_logits, anchor, temperature, request_ids);
-  return markov_sample_cpu_checked(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids);
+  const auto off = static_cast<int64_t>(philox_offset(offset, round_offset).value());
+  return markov_sample_cpu_checked(base_logits, anchor, w1, w2, temperature, seed, off, request_ids);
 }
 
 }  // namespace dspark

@@ -29,18 +29,18 @@ template <typename TU>
 void launch_mma(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
                 const at::Tensor& temperature, const at::Tensor& ids, at::Tensor& tokens, at::Tensor& z,
                 at::Tensor& prev_emb, at::Tensor& part_key, at::Tensor& part_idx, int64_t seed,
-                int64_t offset) {
+                PhiloxOffset offset) {
   const int64_t R = z.size(0), G = z.size(1), V = z.size(2), rank = w1.size(1);
   const auto* w1p = reinterpret_cast<const uint16_t*>(w1.data_ptr());
   const auto* w2p = reinterpret_cast<const uint16_t*>(w2.data_ptr());
   auto* kernel = w1.scalar_type() == at::kBFloat16 ? kernels::MarkovSampleMma<TU, true>
                                                    : kernels::MarkovSampleMma<TU, false>;
-  const cudaError_t status = kernel(
-      reinterpret_cast<const TU*>(u.data_ptr()), anchor.data_ptr<int64_t>(), w1p, w2p,
-      temperature.data_ptr<float>(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
-      tokens.data_ptr<int64_t>(), z.data_ptr<float>(), prev_emb.data_ptr<float>(), part_key.data_ptr<float>(),
-      part_idx.data_ptr<int64_t>(), R, G, V, rank, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
-      0, c10::cuda::getCurrentCUDAStream());
+  const cudaError_t status =
+      kernel(reinterpret_cast<const TU*>(u.data_ptr()), anchor.data_ptr<int64_t>(), w1p, w2p,
+             temperature.data_ptr<float>(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
+             tokens.data_ptr<int64_t>(), z.data_ptr<float>(), prev_emb.data_ptr<float>(),
+             part_key.data_ptr<float>(), part_idx.data_ptr<int64_t>(), R, G, V, rank,
+             static_cast<uint64_t>(seed), offset, 0, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(status == cudaSuccess,
               "dspark::markov_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
 }
@@ -48,14 +48,15 @@ void launch_mma(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor&
 template <typename TU, typename TW>
 void launch(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
             const at::Tensor& temperature, const at::Tensor& ids, at::Tensor& tokens, at::Tensor& z,
-            at::Tensor& prev_emb, at::Tensor& part_key, at::Tensor& part_idx, int64_t seed, int64_t offset) {
+            at::Tensor& prev_emb, at::Tensor& part_key, at::Tensor& part_idx, int64_t seed,
+            PhiloxOffset offset) {
   const int64_t R = z.size(0), G = z.size(1), V = z.size(2), rank = w1.size(1);
   const cudaError_t status = kernels::MarkovSample<TU, TW>(
       reinterpret_cast<const TU*>(u.data_ptr()), anchor.data_ptr<int64_t>(),
       reinterpret_cast<const TW*>(w1.data_ptr()), reinterpret_cast<const TW*>(w2.data_ptr()),
       temperature.data_ptr<float>(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
       tokens.data_ptr<int64_t>(), z.data_ptr<float>(), prev_emb.data_ptr<float>(), part_key.data_ptr<float>(),
-      part_idx.data_ptr<int64_t>(), R, G, V, rank, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
+      part_idx.data_ptr<int64_t>(), R, G, V, rank, static_cast<uint64_t>(seed), offset,
       c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(status == cudaSuccess,
               "dspark::markov_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
@@ -64,7 +65,8 @@ void launch(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1,
 template <typename TU>
 void dispatch_w(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
                 const at::Tensor& temperature, const at::Tensor& ids, at::Tensor& tokens, at::Tensor& z,
-                at::Tensor& prev_emb, at::Tensor& pk, at::Tensor& pi, int64_t seed, int64_t offset, bool tc) {
+                at::Tensor& prev_emb, at::Tensor& pk, at::Tensor& pi, int64_t seed, PhiloxOffset offset,
+                bool tc) {
   if (tc)
     return launch_mma<TU>(u, anchor, w1, w2, temperature, ids, tokens, z, prev_emb, pk, pi, seed, offset);
   switch (w1.scalar_type()) {
@@ -82,7 +84,7 @@ void dispatch_w(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor&
 
 void run(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
          const at::Tensor& temperature, const c10::optional<at::Tensor>& request_ids, at::Tensor& tokens,
-         at::Tensor& z, at::Tensor& prev_emb, int64_t seed, int64_t offset) {
+         at::Tensor& z, at::Tensor& prev_emb, int64_t seed, PhiloxOffset offset) {
   const int64_t R = z.size(0), V = z.size(2);
   const auto a = anchor.contiguous(), t = temperature.contiguous();
   const auto w1c = w1.contiguous(), w2c = w2.contiguous();
@@ -107,9 +109,9 @@ void run(const at::Tensor& u, const at::Tensor& anchor, const at::Tensor& w1, co
 //   -> tokens [R, g] i64, draft_logits [R, g, V] f32, prev_emb [R, g, r] f32
 std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cuda(
     const at::Tensor& base_logits, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2,
-    const at::Tensor& temperature, int64_t seed, int64_t offset,
-    const c10::optional<at::Tensor>& request_ids) {
-  check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids);
+    const at::Tensor& temperature, int64_t seed, int64_t offset, const c10::optional<at::Tensor>& request_ids,
+    const c10::optional<at::Tensor>& round_offset) {
+  check_markov_sample_args(base_logits, anchor, w1, w2, temperature, request_ids, round_offset);
   const c10::cuda::CUDAGuard guard(base_logits.device());
   const int64_t R = base_logits.size(0), G = base_logits.size(1), V = base_logits.size(2), rank = w1.size(1);
   TORCH_CHECK_VALUE(R <= 65535 * kernels::kMarkovChunk, "dspark::markov_sample: at most ",
@@ -122,7 +124,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_cuda(
   auto tokens = at::empty({R, G}, opts.dtype(at::kLong));
   auto prev_emb = at::empty({R, G, rank}, opts);
   if (R > 0 && G > 0 && V > 0)
-    run(u, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb, seed, offset);
+    run(u, anchor, w1, w2, temperature, request_ids, tokens, z, prev_emb, seed,
+        philox_offset(offset, round_offset));
   return {tokens, z, prev_emb};
 }
 

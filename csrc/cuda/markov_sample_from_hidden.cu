@@ -35,15 +35,16 @@ bool use_fused(const at::Tensor& h, const at::Tensor& lm, const at::Tensor& w1, 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_from_hidden_cuda(
     const at::Tensor& hidden, const at::Tensor& lm_head, const at::Tensor& anchor, const at::Tensor& w1,
     const at::Tensor& w2, const at::Tensor& temperature, int64_t seed, int64_t offset,
-    const c10::optional<at::Tensor>& request_ids) {
-  check_markov_sample_from_hidden_args(hidden, lm_head, anchor, w1, w2, temperature, request_ids);
+    const c10::optional<at::Tensor>& request_ids, const c10::optional<at::Tensor>& round_offset) {
+  check_markov_sample_from_hidden_args(hidden, lm_head, anchor, w1, w2, temperature, request_ids,
+                                       round_offset);
   const c10::cuda::CUDAGuard guard(hidden.device());
   const int64_t R = hidden.size(0), G = hidden.size(1), H = hidden.size(2), V = lm_head.size(0);
   const auto h = hidden.contiguous(), lm = lm_head.contiguous(), w1c = w1.contiguous(), w2c = w2.contiguous();
   if (!use_fused(h, lm, w1c, w2c)) {
     const at::Tensor u =
         at::matmul(h.reshape({R * G, H}).to(at::kFloat), lm.to(at::kFloat).t()).view({R, G, V});
-    return markov_sample_cuda(u, anchor, w1c, w2c, temperature, seed, offset, request_ids);
+    return markov_sample_cuda(u, anchor, w1c, w2c, temperature, seed, offset, request_ids, round_offset);
   }
   const int64_t rank = w1.size(1), n_tiles = kernels::MarkovMmaTiles(V);
   auto opts = h.options().dtype(at::kFloat);
@@ -61,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_sample_from_hidden_cuda(
       bits(h), bits(lm), a.data_ptr<int64_t>(), bits(w1c), bits(w2c), t.data_ptr<float>(),
       ids.defined() ? ids.data_ptr<int64_t>() : nullptr, tokens.data_ptr<int64_t>(), z.data_ptr<float>(),
       prev_emb.data_ptr<float>(), part_key.data_ptr<float>(), part_idx.data_ptr<int64_t>(), R, G, V, H, rank,
-      static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), c10::cuda::getCurrentCUDAStream());
+      static_cast<uint64_t>(seed), philox_offset(offset, round_offset), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(status == cudaSuccess,
               "dspark::markov_sample_from_hidden: CUDA kernel launch failed: ", cudaGetErrorString(status));
   return {tokens, z, prev_emb};

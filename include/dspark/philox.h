@@ -57,6 +57,15 @@ DSPARK_HD Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
   return ctr;
 }
 
+// A round's Philox offset as a kernel reads it: `base`, plus the int64 at `add` where that is set. A CUDA
+// graph replays its launches with the arguments they were captured with, so a round counter that changes
+// between replays has to live in device memory (`add`); the sum wraps modulo 2^64.
+struct PhiloxOffset {
+  uint64_t base;
+  const int64_t* add;
+  DSPARK_HD uint64_t value() const { return add == nullptr ? base : base + static_cast<uint64_t>(*add); }
+};
+
 // Four consecutive words: indices [4*block, 4*block + 4) of the keyed stream.
 DSPARK_HD Philox4 philox_block(uint64_t seed, uint64_t offset, uint32_t request, uint32_t position,
                                uint32_t purpose, uint32_t block) {

@@ -253,3 +253,22 @@ def test_checkpoints_carry_the_draft_vocabulary(tmp_path):
         DSparkDrafter.from_pretrained(tmp_path / "saved")
     with pytest.raises(ValueError, match="distinct"):
         d.set_draft_vocab([1, 1])
+
+
+def test_reserved_spare_rows_keep_the_markov_tables_in_place():
+    """``reserve`` sizes the tables ``markov_inputs`` returns once (a CUDA graph of a draw holds their
+    addresses); a batch past the reserve reallocates them, and ``buffers_key`` says so."""
+    from dspark.models.draft_vocab import DraftVocabTables
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.tensor(VOCAB)
+    w1, w2, lm = torch.randn(V, 4, generator=g), torch.randn(V, 4, generator=g), torch.randn(V, 8, generator=g)
+    tables = DraftVocabTables(ids, lm, w1, w2)
+    tables.reserve(16)
+    key = tables.buffers_key
+    for R in (1, 5, 16):
+        u, a, t1, t2 = tables.markov_inputs(torch.randn(R, 3, len(VOCAB)), torch.arange(R), w1, w2)
+        assert tables.buffers_key == key and t1.shape == (len(VOCAB) + R, 4)
+        assert torch.equal(t1[len(VOCAB) :], w1[:R]) and a.tolist() == list(range(len(VOCAB), len(VOCAB) + R))
+    tables.markov_inputs(torch.randn(17, 3, len(VOCAB)), torch.arange(17), w1, w2)
+    assert tables.buffers_key != key  # grown: a graph of the old tables must be dropped

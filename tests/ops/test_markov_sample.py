@@ -149,10 +149,28 @@ def test_seed_offset_and_request_ids_change_draws():
     assert torch.equal(a, dspark.ops.markov_sample(*args, 1, 0, torch.arange(64))[0])
 
 
+@pytest.mark.parametrize("offset,added", [(3, 4), (0, 7), (2**63 - 1, 2), (5, -2)])
+def test_round_offset_is_added_to_offset(offset, added):
+    """A device counter ``round_offset`` draws as ``offset + round_offset[0]`` (mod 2^64) passed as ``offset``
+    (what a CUDA graph replay relies on); the sum, not either part, keys the noise."""
+    args = markov_inputs(16, 4, 300, 8, seed=3)
+    args = (*args[:4], torch.ones(16))
+    total = (offset + added + 2**63) % 2**64 - 2**63  # the uint64 sum as the int64 the op takes
+    want = dspark.ops.markov_sample(*args, 9, total)
+    got = dspark.ops.markov_sample(*args, 9, offset, None, torch.tensor([added]))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    # negative control: the counter is read, not ignored
+    assert not torch.equal(dspark.ops.markov_sample(*args, 9, offset)[0], want[0])
+
+
 def test_opcheck_and_compile():
     args = markov_inputs(2, 3, 40, 4, seed=2)
     torch.library.opcheck(torch.ops.dspark.markov_sample.default, (*args, 1, 2, None))
     torch.library.opcheck(torch.ops.dspark.markov_sample.default, (*args, 1, 2, torch.tensor([5, 9])))
+    torch.library.opcheck(
+        torch.ops.dspark.markov_sample.default, (*args, 1, 2, torch.tensor([5, 9]), torch.tensor([3]))
+    )
     fn = torch.compile(lambda *a: dspark.ops.markov_sample(*a, 1, 2), fullgraph=True)
     for o, e in zip(fn(*args), dspark.ops.markov_sample(*args, 1, 2), strict=True):
         assert torch.equal(o, e)
@@ -193,6 +211,9 @@ def _bad(**changes):
         (dict(base_logits=torch.full((2, 3, 20), float("inf"))), "base_logits contains \\+inf"),
         (dict(base_logits=torch.full((2, 3, 20), float("-inf"))), "needs a finite entry"),
         (dict(request_ids=torch.tensor([0, 2**32])), "request_ids\\[1\\]"),
+        (dict(round_offset=torch.tensor([1, 2])), "round_offset must hold one counter"),
+        (dict(round_offset=torch.tensor([1], dtype=torch.int32)), "round_offset must be torch.int64"),
+        (dict(round_offset=torch.tensor(1)), "round_offset must be 1-D"),
     ],
 )
 def test_bad_input_names_the_argument(changes, match):

@@ -8,6 +8,7 @@ import torch
 
 import dspark
 from tests.ops.cuda_switches import kernel_names, set_switch
+from tests.ops.graph_replay import assert_replays_follow_the_counter
 from tests.ops.markov_c4 import assert_c4
 from tests.ops.test_markov_sample import markov_inputs
 
@@ -66,3 +67,11 @@ def test_cuda_w2_off_16_byte_alignment_equals_cpu(dtype):
 def test_opcheck_cuda():
     args = [a.cuda() for a in markov_inputs(2, 3, 40, 4)]
     torch.library.opcheck(torch.ops.dspark.markov_sample.default, (*args, 1, 2, None))
+
+
+@pytest.mark.parametrize("dtype,r", [(torch.float32, 12), (torch.bfloat16, 64)])
+def test_graph_replays_draw_with_the_refilled_round_offset(dtype, r):
+    # fp32 runs the CUDA-core kernel, bf16 with r % 16 == 0 the tensor-core one: both read the counter
+    args = [a.cuda() for a in markov_inputs(8, 4, 3000, r, dtype, dtype, seed=5)]
+    args[4] = torch.ones(8, device="cuda")  # sampled rows: the offset keys their noise
+    assert_replays_follow_the_counter(dspark.ops.markov_sample, args, 7, 3)

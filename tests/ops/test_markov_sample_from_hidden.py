@@ -67,11 +67,26 @@ def test_the_u_bound_catches_a_wrong_lm_head():
         assert_c4(u_args, ref, out, 7, 3, ids, u_tol=u_tolerance(hidden, lm_head))
 
 
+def test_round_offset_is_added_to_offset():
+    """``round_offset`` draws as ``offset + round_offset[0]`` passed as ``offset``; ignoring it would fail."""
+    args = hidden_inputs(8, 3, 200, 16, 8, seed=4)
+    args = (*args[:5], torch.ones(8))
+    want = dspark.ops.markov_sample_from_hidden(*args, 9, 12)
+    got = dspark.ops.markov_sample_from_hidden(*args, 9, 5, None, torch.tensor([7]))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert not torch.equal(dspark.ops.markov_sample_from_hidden(*args, 9, 5)[0], want[0])
+
+
 def test_opcheck_and_compile():
     args = hidden_inputs(2, 3, 40, 8, 16, seed=2)
     torch.library.opcheck(torch.ops.dspark.markov_sample_from_hidden.default, (*args, 1, 2, None))
     torch.library.opcheck(
         torch.ops.dspark.markov_sample_from_hidden.default, (*args, 1, 2, torch.tensor([5, 9]))
+    )
+    torch.library.opcheck(
+        torch.ops.dspark.markov_sample_from_hidden.default,
+        (*args, 1, 2, torch.tensor([5, 9]), torch.tensor([4])),
     )
     fn = torch.compile(lambda *a: dspark.ops.markov_sample_from_hidden(*a, 1, 2), fullgraph=True)
     for o, e in zip(fn(*args), dspark.ops.markov_sample_from_hidden(*args, 1, 2), strict=True):
@@ -112,6 +127,8 @@ def _bad(**changes):
         (dict(temperature=torch.tensor([1.0, -0.5])), "temperature\\[1\\] must be finite and >= 0"),
         (dict(hidden=torch.full((2, 3, 8), float("nan"))), "hidden · lm_headᵀ contains NaN"),
         (dict(request_ids=torch.tensor([0, 2**32])), "request_ids\\[1\\]"),
+        (dict(round_offset=torch.tensor([1, 2])), "round_offset must hold one counter"),
+        (dict(round_offset=torch.tensor([1.0])), "round_offset must be torch.int64"),
     ],
 )
 def test_bad_input_names_the_argument(changes, match):

@@ -11,6 +11,7 @@ import torch
 import dspark
 from dspark.reference import base_logits_ref
 from tests.ops.cuda_switches import kernel_names, set_switch
+from tests.ops.graph_replay import assert_replays_follow_the_counter
 from tests.ops.markov_c4 import assert_c4, u_tolerance
 from tests.ops.test_markov_sample_from_hidden import hidden_inputs
 
@@ -95,3 +96,11 @@ def test_cuda_bad_device_is_named():
 def test_opcheck_cuda():
     args = [a.cuda() for a in hidden_inputs(2, 3, 40, 16, 16, torch.bfloat16)]
     torch.library.opcheck(torch.ops.dspark.markov_sample_from_hidden.default, (*args, 1, 2, None))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_replays_draw_with_the_refilled_round_offset(dtype):
+    # bf16: the fused kernel (first slot) and the tensor-core steps; fp32: cuBLAS + markov_sample
+    args = [a.cuda() for a in hidden_inputs(8, 4, 3000, 64, 64, dtype, seed=5)]
+    args[5] = torch.ones(8, device="cuda")
+    assert_replays_follow_the_counter(dspark.ops.markov_sample_from_hidden, args, 7, 3)

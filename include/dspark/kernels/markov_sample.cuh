@@ -58,9 +58,10 @@ __global__ void __launch_bounds__(kSumLanes)
                      const int64_t* __restrict__ request_ids, int64_t* __restrict__ tokens,
                      float* __restrict__ z, float* __restrict__ prev_emb, float* __restrict__ part_key,
                      int64_t* __restrict__ part_idx, int64_t R, int64_t G, int64_t V, int64_t rank, int64_t k,
-                     uint64_t seed, uint64_t offset) {
-  extern __shared__ float4 s_e4[];              // float4: 16-byte aligned for the kVec loads
-  float* s_e = reinterpret_cast<float*>(s_e4);  // [kMarkovChunk][rank]
+                     uint64_t seed, PhiloxOffset philox_offset) {
+  const uint64_t offset = philox_offset.value();  // read on the device: graphs replay fixed arguments
+  extern __shared__ float4 s_e4[];                // float4: 16-byte aligned for the kVec loads
+  float* s_e = reinterpret_cast<float*>(s_e4);    // [kMarkovChunk][rank]
   __shared__ BlockScratch scratch;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMarkovChunk;
   const int64_t tile = blockIdx.y, n_tiles = gridDim.y;
@@ -154,7 +155,7 @@ template <typename TU, typename TW>
 cudaError_t MarkovSample(const TU* u, const int64_t* anchor, const TW* w1, const TW* w2,
                          const float* temperature, const int64_t* request_ids, int64_t* tokens, float* z,
                          float* prev_emb, float* part_key, int64_t* part_idx, int64_t R, int64_t G, int64_t V,
-                         int64_t rank, uint64_t seed, uint64_t offset, cudaStream_t stream) {
+                         int64_t rank, uint64_t seed, PhiloxOffset offset, cudaStream_t stream) {
   if (R <= 0 || G <= 0 || V <= 0) return cudaSuccess;
   const int64_t n_tiles = (V + kSumLanes - 1) / kSumLanes;
   const dim3 grid(static_cast<unsigned>((R + kMarkovChunk - 1) / kMarkovChunk),

@@ -77,8 +77,9 @@ __global__ void __launch_bounds__(128)
                           const int64_t* __restrict__ request_ids, float* __restrict__ z,
                           float* __restrict__ prev_emb, float* __restrict__ part_key,
                           int64_t* __restrict__ part_idx, int64_t R, int64_t G, int64_t V, int64_t H,
-                          int64_t rank, uint64_t seed, uint64_t offset) {
-  extern __shared__ uint4 s_hidden_mma[];                     // uint4: 16-byte aligned
+                          int64_t rank, uint64_t seed, PhiloxOffset philox_offset) {
+  const uint64_t offset = philox_offset.value();  // read on the device: graphs replay fixed arguments
+  extern __shared__ uint4 s_hidden_mma[];         // uint4: 16-byte aligned
   uint16_t* s_a = reinterpret_cast<uint16_t*>(s_hidden_mma);  // [kMarkovMmaRequests][kHiddenStride]
   const int64_t M = R * G, m0 = static_cast<int64_t>(blockIdx.x) * kMarkovMmaRequests;
   const int64_t tile = blockIdx.y, n_tiles = gridDim.y;
@@ -165,7 +166,7 @@ cudaError_t MarkovSampleFromHiddenMma(const uint16_t* hidden, const uint16_t* lm
                                       const uint16_t* w1, const uint16_t* w2, const float* temperature,
                                       const int64_t* request_ids, int64_t* tokens, float* z, float* prev_emb,
                                       float* part_key, int64_t* part_idx, int64_t R, int64_t G, int64_t V,
-                                      int64_t H, int64_t rank, uint64_t seed, uint64_t offset,
+                                      int64_t H, int64_t rank, uint64_t seed, PhiloxOffset offset,
                                       cudaStream_t stream) {
   if (R <= 0 || G <= 0 || V <= 0) return cudaSuccess;
   const int64_t n_tiles = MarkovMmaTiles(V);

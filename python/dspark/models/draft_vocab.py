@@ -198,6 +198,22 @@ class DraftVocabTables:
             )
         return self.token_ids
 
+    def reserve(self, requests: int) -> None:
+        """Spare rows for ``requests`` anchors in the tables :meth:`markov_inputs` returns (grown on demand
+        otherwise, at least doubling; growing reallocates them: :attr:`buffers_key` changes)."""
+        if self._w1_rows is None or self._w2_rows is None:
+            return
+        Vd, r = self._w1_rows.shape
+        if self._w1_buf is None or self._w1_buf.shape[0] < Vd + requests:
+            cap = max(requests, 8 if self._w1_buf is None else 2 * (self._w1_buf.shape[0] - Vd))
+            self._w1_buf = torch.cat([self._w1_rows, self._w1_rows.new_zeros(cap, r)])
+            self._w2_buf = torch.cat([self._w2_rows, self._w2_rows.new_zeros(cap, r)])
+
+    @property
+    def buffers_key(self) -> tuple[int, int]:
+        """Addresses of the tables :meth:`markov_inputs` returns (what a CUDA graph of a draw holds)."""
+        return tuple(0 if b is None else b.data_ptr() for b in (self._w1_buf, self._w2_buf))
+
     def markov_inputs(
         self, base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -206,11 +222,7 @@ class DraftVocabTables:
             raise ValueError("markov_inputs: these tables were built without a Markov head")
         self.check_logits(base_logits)
         R, g, Vd = base_logits.shape
-        r = self._w1_rows.shape[1]
-        if self._w1_buf is None or self._w1_buf.shape[0] < Vd + R:
-            cap = max(R, 8 if self._w1_buf is None else 2 * (self._w1_buf.shape[0] - Vd))
-            self._w1_buf = torch.cat([self._w1_rows, self._w1_rows.new_zeros(cap, r)])
-            self._w2_buf = torch.cat([self._w2_rows, self._w2_rows.new_zeros(cap, r)])
+        self.reserve(R)
         anchor = anchor.to(torch.int64)
         self._w1_buf[Vd : Vd + R] = w1.index_select(0, anchor).to(self._w1_buf.dtype)
         spare = base_logits.new_full((R, g, R), outside_logit(base_logits.dtype))

@@ -15,6 +15,9 @@ forward's shapes depend on the request count ``R`` alone: :class:`DrafterGraphs`
 * The graphs hold the addresses of the drafter's parameters and of the context caches: caches that grow (the
   page pool doubling) drop them, and they are captured again at the next round. At most ``max_graphs`` are kept,
   in one memory pool; a failed capture turns them off with a warning (the drafter runs eagerly from then on).
+
+The round's later steps — the LM head with the Markov draw, and the confidence head — have graphs of their own,
+``heads`` (:class:`dspark.models.drafter_head_graphs.DraftHeadGraphs`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from torch import Tensor
 
 from dspark.models.block_batch import BlockBatch, BlockLayout
+from dspark.models.drafter_head_graphs import DraftHeadGraphs
 from dspark.models.target_graphs import GraphBuckets, GraphSet, GraphStats, copy_in
 
 
@@ -62,10 +66,12 @@ class DrafterGraphs:
         self.copy_tokens = torch.full((r_max, c.block_size), -1, dtype=i64, device=dev)
         self.copy_match = torch.zeros(r_max, dtype=i64, device=dev)
         self._graphs = GraphSet(buckets.max_graphs, dev, self.stats)
+        self.heads = DraftHeadGraphs(drafter, buckets, capture)  # sampling and confidence; stats of their own
 
     def reset(self) -> None:
         """Drop every captured graph (the next round of each bucket captures again)."""
         self._graphs.clear()
+        self.heads.reset()
 
     def run(self, anchors: Tensor, layout: BlockLayout, copy: tuple[Tensor, Tensor] | None) -> Tensor | None:
         """Replay (capturing first if needed) the block forward of ``layout``'s R blocks, or None to run it

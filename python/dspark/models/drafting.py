@@ -104,11 +104,30 @@ class DraftSteps:
 
     def base_logits(self, proposal: DraftProposal) -> Tensor:
         """``U`` of a proposal ``(R, g, V)`` (``(R, g, V')`` over a draft vocabulary): its own, or computed here
-        where :meth:`propose` left it to the fused draw."""
+        where :meth:`propose` left it to the draw (:meth:`defers_lm_head`)."""
         if proposal.base_logits is not None:
             return proposal.base_logits
-        R, g, _ = proposal.hidden.shape
-        return cpu_linear.linear(proposal.hidden.reshape(R * g, -1), self.lm_head_weight).view(R, g, -1)
+        return self.lm_head_logits(proposal.hidden, proposal.copy)
+
+    def lm_head_logits(self, hidden: Tensor, copy: tuple[Tensor, Tensor] | None) -> Tensor:
+        """``U = lm_head(hidden)`` ``(R, g, V)`` for final-normed ``hidden`` ``(R, g, H)`` (``(R, g, V')`` over a
+        draft vocabulary), plus the copy head's bonus for a drafter with one (``copy`` as in
+        :class:`DraftProposal`)."""
+        vocab = self._vocab_tables()
+        R, g, _ = hidden.shape
+        # 2-D rows: a sliced 3-D hidden can send F.linear down a batched path that copies the whole weight
+        W = self.lm_head_weight if vocab is None else vocab.lm_head
+        U = cpu_linear.linear(hidden.reshape(R * g, -1), W).view(R, g, -1)
+        if self.copy_head is not None:
+            U = self.copy_head.add_to_logits(U, hidden, *copy, None if vocab is None else vocab.token_ids)
+        return U
+
+    def defers_lm_head(self, hidden: Tensor) -> bool:
+        """Whether :meth:`propose` leaves ``U`` to :meth:`sample`: where the LM head is fused with the draw
+        (:meth:`lm_head_fused`), and where the sampling step is replayed from a CUDA graph that runs the LM head
+        too (``DrafterGraphs.heads``; a round it cannot replay computes ``U`` eagerly in :meth:`sample`)."""
+        heads = None if self.graphs is None else self.graphs.heads
+        return self.lm_head_fused(hidden) or (heads is not None and heads.active)
 
     def block_forward(
         self, anchors: Tensor, batch: BlockBatch, copy: tuple[Tensor, Tensor] | None = None
@@ -252,23 +271,13 @@ class DraftSteps:
                 if s < 0:
                     raise ValueError(f"start_positions[{j}]: must be >= 0, got {s}")
         anchors = to_device(anchors, self.device, torch.int64)  # once: backbone and sampling both read it
-        vocab = self._vocab_tables()
         # fp32 CPU: few rows (γ per request) go faster transposed
         with few_row_linears(self.modules()):
             hidden = self.backbone(anchors, ids, starts, copy)
             skip = self.config.block_slots - self.config.block_size  # 1: the anchor's slot drafts nothing
             if skip or g < hidden.shape[1]:
                 hidden = hidden[:, skip : skip + g].contiguous()
-            # [R, g, V], or [R, g, V'] over a draft vocabulary; 2-D rows: a sliced 3-D hidden can send
-            # F.linear down a batched path that copies the whole weight
-            W = self.lm_head_weight if vocab is None else vocab.lm_head
-            U = (
-                None
-                if self.lm_head_fused(hidden)
-                else cpu_linear.linear(hidden.reshape(R * g, -1), W).view(R, g, -1)
-            )
-        if self.copy_head is not None:
-            U = self.copy_head.add_to_logits(U, hidden, *copy, None if vocab is None else vocab.token_ids)
+        U = None if self.defers_lm_head(hidden) else self.lm_head_logits(hidden, copy)
         return DraftProposal(to_device(ids_t, self.device), anchors, hidden, U, copy)
 
     @torch.no_grad()
@@ -289,12 +298,26 @@ class DraftSteps:
         vocabulary leaves it over that vocabulary ``(R, g, V')`` (:meth:`whole_vocab_logits` widens it later,
         where a caller needs ``q`` at all: greedy verification reads none).
         """
+        heads = None if self.graphs is None else self.graphs.heads
+        s = None if heads is None else heads.sample(proposal, temperature, seed, offset)
+        if s is None:
+            s = self.draw(proposal, temperature, seed, offset)
+        if whole_vocab:
+            s = MarkovSample(s.tokens, self.whole_vocab_logits(s.logits), s.prev_emb)
+        return s
+
+    def draw(
+        self, proposal: DraftProposal, temperature: float | Tensor, seed: int, offset: int | Tensor
+    ) -> MarkovSample:
+        """:meth:`sample` run eagerly, ``z`` over the draft vocabulary where there is one; ``U`` computed here
+        where the proposal has none. ``offset`` may be a ``(1,)`` int64 device tensor (the Markov ops'
+        ``round_offset``, base 0: what the sampling graph replays with) for a vanilla head or none."""
         p, vocab = proposal, self._vocab_tables()
-        if p.base_logits is None:  # the LM head fused with the draw (lm_head_fused)
+        if p.base_logits is None and self.lm_head_fused(p.hidden):
             return self.markov_head.sample_from_hidden(
                 p.hidden, self.lm_head_weight, p.anchors, temperature, seed, offset, p.request_ids
             )
-        base = p.base_logits
+        base = self.base_logits(p)
         head = self.copy_head
         if head is not None and head.greedy_bias is not None:  # the greedy rows' extra bonus (copy_head)
             ids = None if vocab is None else vocab.token_ids
@@ -309,8 +332,6 @@ class DraftSteps:
             )
         else:  # DFlash: no Markov bias (z = U)
             s = sample_without_markov(base, p.anchors, temperature, seed, offset, p.request_ids, vocab=vocab)
-        if whole_vocab:
-            s = MarkovSample(s.tokens, self.whole_vocab_logits(s.logits), s.prev_emb)
         return s
 
     def whole_vocab_logits(self, logits: Tensor) -> Tensor:
@@ -338,14 +359,32 @@ class DraftSteps:
         """
         if self.confidence_head is None:
             return None
-        extra = None
-        if self.copy_head is not None:
-            if prev_tokens is None or copy is None:
-                raise ValueError(
-                    "prev_tokens / copy: a drafter with a copy head scores each slot by whether the draft "
-                    "before it followed the proposal's copy; pass both"
-                )
-            extra = self.copy_head.confidence_inputs(prev_tokens, *copy)
+        if self.copy_head is not None and (prev_tokens is None or copy is None):
+            raise ValueError(
+                "prev_tokens / copy: a drafter with a copy head scores each slot by whether the draft "
+                "before it followed the proposal's copy; pass both"
+            )
+        heads = None if self.graphs is None else self.graphs.heads
+        out = None
+        if heads is not None:
+            out = heads.score(hidden, prev_emb, sts_temperature, sts_bias, prev_tokens, copy)
+        return (
+            out
+            if out is not None
+            else self.confidence(hidden, prev_emb, sts_temperature, sts_bias, prev_tokens, copy)
+        )
+
+    def confidence(
+        self,
+        hidden: Tensor,
+        prev_emb: Tensor,
+        sts_temperature: Tensor | None,
+        sts_bias: Tensor | None,
+        prev_tokens: Tensor | None,
+        copy: tuple[Tensor, Tensor] | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`score` run eagerly (a drafter with a confidence head; arguments checked there)."""
+        extra = None if self.copy_head is None else self.copy_head.confidence_inputs(prev_tokens, *copy)
         return self.confidence_head(hidden, prev_emb, sts_temperature, sts_bias, extra)
 
     @torch.no_grad()

@@ -38,11 +38,16 @@ class MarkovSample:
     prev_emb: Tensor
 
 
-def gumbel_noise(seed: int, offset: int, request_ids: Tensor, gamma: int, vocab: int) -> Tensor:
+def gumbel_noise(seed: int, offset: int | Tensor, request_ids: Tensor, gamma: int, vocab: int) -> Tensor:
     """Gumbel noise ``g[r, k, v]`` keyed by ``(seed, offset, request_ids[r], k, PURPOSE_DRAFT_SAMPLE, v)``.
 
     Shape ``(R, gamma, V)`` float32 on ``request_ids``' device; the same values the fused sampler draws.
     """
+    if isinstance(offset, Tensor):
+        raise ValueError(
+            "offset: a device counter (round_offset) is read by the fused Markov ops only (the vanilla head or "
+            "none); pass an int"
+        )
     dev = request_ids.device
     R = request_ids.shape[0]
     req = request_ids.to(torch.int64).view(R, 1, 1).expand(R, gamma, vocab).reshape(-1)
@@ -197,7 +202,7 @@ class VanillaMarkovHead(MarkovHead):
         anchor: Tensor,
         temperature: float | Tensor,
         seed: int,
-        offset: int,
+        offset: int | Tensor,
         request_ids: Tensor | None = None,
     ) -> MarkovSample:
         """:meth:`sample` of ``U = hidden · lm_headᵀ`` (hidden ``(R, γ, H)``, lm_head ``(V, H)``), whole
@@ -214,10 +219,13 @@ class VanillaMarkovHead(MarkovHead):
 
 
 def _draw_args(temperature, seed, offset, request_ids, R: int, device: torch.device) -> tuple:
-    """The Markov ops' last arguments: temperatures ``(R,)`` float32, seed, offset and the Philox request keys
-    ``(R,)`` int64 (``request_ids``, or ``0 .. R-1``)."""
+    """The Markov ops' last arguments: temperatures ``(R,)`` float32, seed, offset, the Philox request keys
+    ``(R,)`` int64 (``request_ids``, or ``0 .. R-1``) and ``round_offset``: an ``offset`` given as a ``(1,)``
+    int64 device tensor (a CUDA graph's counter) goes there, with 0 as the scalar offset."""
     ids = torch.arange(R, device=device) if request_ids is None else request_ids.to(torch.int64)
-    return _as_temperature(temperature, R, device), int(seed), int(offset), ids
+    if isinstance(offset, Tensor):
+        return _as_temperature(temperature, R, device), int(seed), 0, ids, offset
+    return _as_temperature(temperature, R, device), int(seed), int(offset), ids, None
 
 
 def sample_without_markov(
@@ -225,7 +233,7 @@ def sample_without_markov(
     anchor: Tensor,
     temperature: float | Tensor,
     seed: int,
-    offset: int,
+    offset: int | Tensor,
     request_ids: Tensor | None = None,
     vocab: DraftVocabTables | None = None,
 ) -> MarkovSample:

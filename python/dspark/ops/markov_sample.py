@@ -16,6 +16,7 @@ def markov_sample(
     seed: int,
     offset: int,
     request_ids: Tensor | None = None,
+    round_offset: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Sample a draft block left to right with the vanilla low-rank Markov head.
 
@@ -39,6 +40,11 @@ def markov_sample(
         Philox key; advance ``offset`` once per decode round.
     request_ids : Tensor, optional
         ``(R,)`` int64 in ``[0, 2^32)``: stable per-request keys (default ``arange(R)``).
+    round_offset : Tensor, optional
+        ``(1,)`` int64 on the logits' device, added to ``offset`` (modulo 2^64) where the op runs: on CUDA the
+        kernels read it, so a CUDA graph that captured the op draws with the counter it refills before each
+        replay (the scalar arguments of a captured launch are fixed). The tokens equal those of
+        ``offset + round_offset[0]`` passed as ``offset``.
 
     Returns
     -------
@@ -58,12 +64,14 @@ def markov_sample(
     (torch.Size([2, 4]), torch.Size([2, 4, 50]), torch.Size([2, 4, 8]))
     """
     return torch.ops.dspark.markov_sample.default(
-        base_logits, anchor, w1, w2, temperature, seed, offset, request_ids
+        base_logits, anchor, w1, w2, temperature, seed, offset, request_ids, round_offset
     )
 
 
 @torch.library.register_fake("dspark::markov_sample")
-def _markov_sample_fake(base_logits, anchor, w1, w2, temperature, seed, offset, request_ids=None):
+def _markov_sample_fake(
+    base_logits, anchor, w1, w2, temperature, seed, offset, request_ids=None, round_offset=None
+):
     R, G, V = base_logits.shape
     return (
         base_logits.new_empty((R, G), dtype=torch.int64),

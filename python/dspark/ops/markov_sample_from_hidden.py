@@ -17,6 +17,7 @@ def markov_sample_from_hidden(
     seed: int,
     offset: int,
     request_ids: Tensor | None = None,
+    round_offset: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`dspark.ops.markov_sample` on the base logits ``U = hidden · lm_headᵀ``, summed in fp32.
 
@@ -33,7 +34,7 @@ def markov_sample_from_hidden(
         ``(R, gamma, H)`` float32/bfloat16/float16: the drafter's final-normed hidden states of the slots.
     lm_head : Tensor
         ``(V, H)``, ``hidden``'s dtype: the LM head weight (rows of a draft vocabulary, if any).
-    anchor, w1, w2, temperature, seed, offset, request_ids
+    anchor, w1, w2, temperature, seed, offset, request_ids, round_offset
         As in :func:`dspark.ops.markov_sample` (``w1`` / ``w2`` ``(V, r)``).
 
     Returns
@@ -56,13 +57,13 @@ def markov_sample_from_hidden(
     (torch.Size([2, 4]), torch.Size([2, 4, 50]), torch.Size([2, 4, 8]))
     """
     return torch.ops.dspark.markov_sample_from_hidden.default(
-        hidden, lm_head, anchor, w1, w2, temperature, seed, offset, request_ids
+        hidden, lm_head, anchor, w1, w2, temperature, seed, offset, request_ids, round_offset
     )
 
 
 @torch.library.register_fake("dspark::markov_sample_from_hidden")
 def _markov_sample_from_hidden_fake(
-    hidden, lm_head, anchor, w1, w2, temperature, seed, offset, request_ids=None
+    hidden, lm_head, anchor, w1, w2, temperature, seed, offset, request_ids=None, round_offset=None
 ):
     R, G, _ = hidden.shape
     V = lm_head.shape[0]
