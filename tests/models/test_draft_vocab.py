@@ -262,7 +262,11 @@ def test_reserved_spare_rows_keep_the_markov_tables_in_place():
 
     g = torch.Generator().manual_seed(0)
     ids = torch.tensor(VOCAB)
-    w1, w2, lm = torch.randn(V, 4, generator=g), torch.randn(V, 4, generator=g), torch.randn(V, 8, generator=g)
+    w1, w2, lm = (
+        torch.randn(V, 4, generator=g),
+        torch.randn(V, 4, generator=g),
+        torch.randn(V, 8, generator=g),
+    )
     tables = DraftVocabTables(ids, lm, w1, w2)
     tables.reserve(16)
     key = tables.buffers_key
