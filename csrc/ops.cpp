@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 
+#include "dspark/attention_plan.h"
 #include "dspark/philox.h"
 
 #ifndef DSPARK_CUDA_ARCHS_STR
@@ -35,10 +36,12 @@ TORCH_LIBRARY(dspark, m) {
       "paged_kv_append(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> "
       "()");
   // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
-  // kv_indices [nnz_pages] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (dtype of q)
+  // kv_indices [nnz_pages] i32; kv_last_page_len [R] i32; split_base [R] i32 (the split plan, computed once
+  // per forward by a caller that runs many layers: dspark/attention_plan.h) -> o [T, Hq, D] (dtype of q)
   m.def(
       "paged_verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "
-      "Tensor kv_indices, Tensor kv_last_page_len, float scale, bool causal) -> Tensor");
+      "Tensor kv_indices, Tensor kv_last_page_len, float scale, bool causal, Tensor? split_base=None) -> "
+      "Tensor");
   // base_logits [R, g, V] f32/bf16/f16, anchor [R] i64, w1 [V, r], w2 [V, r], temperature [R] f32 (0 =
   // greedy), request_ids [R] i64 (Philox request key; default r), round_offset [1] i64 (added to offset where
   // the op runs: a CUDA graph replays the op with the counter it refills)
@@ -131,4 +134,5 @@ PYBIND11_MODULE(_C, m) {
       "parallel_threads", &parallel_threads,
       "Distinct threads an at::parallel_for over n items uses in the extension (its CPU kernels' threading)");
   m.def("philox4x32_10", &philox4x32_10_py, "Raw Philox4x32-10 block (counter[4], key[2]) -> 4 words");
+  m.attr("pva_split_max_queries") = dspark::kPvaSplitMaxQueries;
 }

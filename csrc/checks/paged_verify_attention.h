@@ -2,6 +2,7 @@
 // Argument checks of paged_verify_attention shared by the CPU and CUDA launchers. Metadata checks never touch
 // data (no host sync on CUDA); the index value checks read the index tensors and run on CPU tensors only.
 #pragma once
+#include "dspark/attention_plan.h"
 #include "torch_checks.h"
 
 namespace dspark {
@@ -11,7 +12,8 @@ namespace dspark {
 inline void check_paged_verify_attention_meta(const at::Tensor& q, const at::Tensor& k_cache,
                                               const at::Tensor& v_cache, const at::Tensor& qo_indptr,
                                               const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
-                                              const at::Tensor& kv_last_page_len) {
+                                              const at::Tensor& kv_last_page_len,
+                                              const c10::optional<at::Tensor>& split_base) {
   constexpr const char* op = "paged_verify_attention";
   check_dim(op, q, "q", 3);
   check_float_dtype(op, q, "q");
@@ -53,6 +55,25 @@ inline void check_paged_verify_attention_meta(const at::Tensor& q, const at::Ten
   check_same_device(op, q, "q", kv_indptr, "kv_indptr");
   check_same_device(op, q, "q", kv_indices, "kv_indices");
   check_same_device(op, q, "q", kv_last_page_len, "kv_last_page_len");
+  if (split_base.has_value()) {
+    check_dim(op, *split_base, "split_base", 1);
+    check_dtype(op, *split_base, "split_base", at::kInt);
+    TORCH_CHECK_VALUE(split_base->size(0) == R, "dspark::paged_verify_attention: split_base must have R = ", R,
+                      " entries, got ", split_base->size(0));
+    check_same_device(op, q, "q", *split_base, "split_base");
+  }
+}
+
+// A split_base given by the caller is the plan of qo_indptr (dspark/attention_plan.h): each entry the rows
+// that the requests before it take in the split workspace (CPU only: reads both).
+inline void check_split_base_values(const int32_t* qo, const int32_t* base, int64_t R) {
+  int64_t rows = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK_VALUE(base[r] == rows, "dspark::paged_verify_attention: split_base[", r, "] = ", base[r],
+                      " is not the plan of qo_indptr (expected ", rows,
+                      ": dspark.ops.paged_verify_attention_split_base)");
+    rows += PvaSplitRows(qo[r + 1] - qo[r]);
+  }
 }
 
 // indptr arrays start at 0 and never decrease; qo_indptr ends at T; page ids are valid; each request with

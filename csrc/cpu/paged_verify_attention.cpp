@@ -423,12 +423,15 @@ void merge_splits(const Item* items, int64_t n, const Partials& parts, T* out, c
 }  // namespace
 
 // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
-// kv_indices [nnz] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (dtype of q)
+// kv_indices [nnz] i32; kv_last_page_len [R] i32; split_base [R] i32 or none (checked, not used: the CPU op
+// has no split workspace) -> o [T, Hq, D] (dtype of q)
 at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
                                       const at::Tensor& v_cache, const at::Tensor& qo_indptr,
                                       const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
-                                      const at::Tensor& kv_last_page_len, double scale, bool causal) {
-  check_paged_verify_attention_meta(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
+                                      const at::Tensor& kv_last_page_len, double scale, bool causal,
+                                      const c10::optional<at::Tensor>& split_base) {
+  check_paged_verify_attention_meta(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                    split_base);
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t P = k_cache.size(0), ps = k_cache.size(1), Hkv = k_cache.size(2);
   const int64_t R = qo_indptr.size(0) - 1;
@@ -439,6 +442,7 @@ at::Tensor paged_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_c
   const int32_t* idxp = idx.data_ptr<int32_t>();
   const int32_t* lastp = last.data_ptr<int32_t>();
   check_paged_index_values(qop, kvpp, idxp, lastp, R, T, idx.numel(), P, ps);
+  if (split_base.has_value()) check_split_base_values(qop, split_base->contiguous().data_ptr<int32_t>(), R);
   const auto qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
   auto out = at::empty_like(qc);
   // items, and the chunks split over their keys (first item, splits)

@@ -30,30 +30,33 @@ bool use_tensor_cores(const at::Tensor& q, const at::Tensor& kc, const at::Tenso
 // template, so the tensor-core branch is only instantiated for the 16-bit types.
 template <typename scalar_t>
 cudaError_t launch(bool tensor_cores, const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
-                   scalar_t* out, float* ws_o, float* ws_m, float* ws_l, int32_t* base,
+                   scalar_t* out, float* ws_o, float* ws_m, float* ws_l, int32_t* base, bool planned,
                    const kernels::PvaIndex& ix, int T, int R, int D, cudaStream_t stream) {
   using kernels::PvaMath;
   if constexpr (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>) {
     constexpr PvaMath kTc =
         std::is_same_v<scalar_t, at::BFloat16> ? PvaMath::kTensorCoresBf16 : PvaMath::kTensorCoresFp16;
     if (tensor_cores)
-      return kernels::PagedVerifyAttention<scalar_t, kTc>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, D,
-                                                          stream);
+      return kernels::PagedVerifyAttention<scalar_t, kTc>(q, kc, vc, out, ws_o, ws_m, ws_l, base, planned, ix,
+                                                          T, R, D, stream);
   }
   return kernels::PagedVerifyAttention<scalar_t, PvaMath::kCudaCores>(q, kc, vc, out, ws_o, ws_m, ws_l, base,
-                                                                      ix, T, R, D, stream);
+                                                                      planned, ix, T, R, D, stream);
 }
 
 }  // namespace
 
 // q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; qo_indptr, kv_indptr [R + 1] i32;
-// kv_indices [nnz] i32; kv_last_page_len [R] i32 -> o [T, Hq, D] (cuda). The index value checks read the
-// index tensors and would sync, so they are CPU-only; on CUDA invalid indices are undefined behaviour.
+// kv_indices [nnz] i32; kv_last_page_len [R] i32; split_base [R] i32 or none -> o [T, Hq, D] (cuda). The
+// index value checks read the index tensors and would sync, so they are CPU-only; on CUDA invalid indices (or
+// a split_base other than the plan of qo_indptr) are undefined behaviour.
 at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache,
                                        const at::Tensor& v_cache, const at::Tensor& qo_indptr,
                                        const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
-                                       const at::Tensor& kv_last_page_len, double scale, bool causal) {
-  check_paged_verify_attention_meta(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
+                                       const at::Tensor& kv_last_page_len, double scale, bool causal,
+                                       const c10::optional<at::Tensor>& split_base) {
+  check_paged_verify_attention_meta(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                    split_base);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(2);
   const int64_t R = qo_indptr.size(0) - 1;
@@ -70,12 +73,14 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
   auto out = at::empty_like(qc);
   if (T == 0) return out;
   // the split kernel's workspace: its size follows T and R, a request's split count never does (C2)
+  // (given once per forward by the caller as split_base, else planned here by PvaPlanKernel)
   at::Tensor ws_o, ws_ml, base;
+  const bool planned = split_base.has_value();
   if (kernels::PvaHasSplitKernel(D)) {
     const int64_t W = kernels::PvaWorkspaceRows(T, R);
     ws_o = at::empty({kernels::kPvaMaxSplits, W, Hq, D}, q.options().dtype(at::kFloat));
     ws_ml = at::empty({2, kernels::kPvaMaxSplits, W, Hq}, q.options().dtype(at::kFloat));
-    base = at::empty({R}, q.options().dtype(at::kInt));
+    base = planned ? split_base->contiguous() : at::empty({R}, q.options().dtype(at::kInt));
   }
   kernels::PvaIndex ix{qo.data_ptr<int32_t>(),
                        kvp.data_ptr<int32_t>(),
@@ -95,7 +100,7 @@ at::Tensor paged_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_
         const cudaError_t status = launch<scalar_t>(
             tensor_cores, qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
             out.data_ptr<scalar_t>(), wo, wm, split ? wm + ws_ml.numel() / 2 : nullptr,
-            split ? base.data_ptr<int32_t>() : nullptr, ix, static_cast<int>(T), static_cast<int>(R),
+            split ? base.data_ptr<int32_t>() : nullptr, planned, ix, static_cast<int>(T), static_cast<int>(R),
             static_cast<int>(D), c10::cuda::getCurrentCUDAStream());
         TORCH_CHECK(status == cudaSuccess, "dspark::paged_verify_attention: CUDA kernel launch failed: ",
                     cudaGetErrorString(status));

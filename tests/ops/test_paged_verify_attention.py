@@ -173,9 +173,47 @@ def test_ignores_pages_of_other_requests_and_spare_pages():
     assert torch.equal(dspark.ops.paged_verify_attention(q, kc2, vc2, qo, kvp, idx, last, 0.125, True), out)
 
 
+def split_plan_from_the_definition(n_q: list[int]) -> list[int]:
+    """The split plan written from its definition (not from the helper): request r's first workspace row is the
+    number of query rows of the requests before it that have at most 16 of them."""
+    small = torch.tensor([n if n <= 16 else 0 for n in n_q], dtype=torch.int64)
+    return (torch.cumsum(small, 0) - small).tolist()
+
+
+def test_split_base_is_the_plan_the_op_checks():
+    """The host plan (what a forward computes once for every layer) agrees with the definition and with the
+    C++ rule the CPU op checks it against, over batches with requests of 0, 1, 16, 17 and 300 rows; the output
+    is the same with or without it. Negative controls: a plan off by one row, and one that counts a 17-row
+    request, are refused naming split_base."""
+    g = torch.Generator().manual_seed(11)
+    for trial in range(30):
+        R = int(torch.randint(1, 9, (1,), generator=g))
+        choices = torch.tensor([0, 1, 3, 15, 16, 17, 40])
+        n_q = choices[torch.randint(0, len(choices), (R,), generator=g)].tolist()
+        n_kv = [n + int(torch.randint(0, 50, (1,), generator=g)) for n in n_q]
+        qo = [0, *torch.tensor(n_q).cumsum(0).tolist()]
+        plan = dspark.ops.paged_verify_attention_split_base(qo)
+        assert plan == split_plan_from_the_definition(n_q)
+        args = make_paged(n_q, n_kv, seed=trial)
+        want = dspark.ops.paged_verify_attention(*args, 0.125, True)
+        got = dspark.ops.paged_verify_attention(*args, 0.125, True, torch.tensor(plan, dtype=torch.int32))
+        assert torch.equal(got, want)
+    args = make_paged([3, 17, 2], [9, 40, 5])
+    for wrong in ([0, 3, 21], [0, 4, 4], [1, 3, 3]):
+        with pytest.raises(
+            ValueError, match="split_base\\[[12]\\] = .* is not the plan|split_base\\[0\\] = 1"
+        ):
+            dspark.ops.paged_verify_attention(*args, 0.125, True, torch.tensor(wrong, dtype=torch.int32))
+    assert dspark.ops.paged_verify_attention_split_base([0, 3, 20, 22]) == [0, 3, 3]
+
+
 def test_opcheck():
     torch.library.opcheck(
         torch.ops.dspark.paged_verify_attention.default, (*make_paged([2, 3], [9, 20]), 0.125, True)
+    )
+    torch.library.opcheck(
+        torch.ops.dspark.paged_verify_attention.default,
+        (*make_paged([2, 30], [9, 40]), 0.125, True, torch.tensor([0, 2], dtype=torch.int32)),
     )
     torch.library.opcheck(
         torch.ops.dspark.paged_verify_attention.default,
@@ -219,6 +257,9 @@ i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
         (dict(kv_indices=i32(0, 1, 99)), "kv_indices\\[2\\] = 99"),
         (dict(kv_last_page_len=i32(0, 4)), "kv_last_page_len\\[0\\] = 0"),
         (dict(kv_last_page_len=i32(9, 17)), "kv_last_page_len\\[1\\] = 17"),
+        (dict(split_base=torch.tensor([0, 2])), "split_base must be torch.int32"),
+        (dict(split_base=i32(0)), "split_base must have R = 2 entries"),
+        (dict(split_base=i32(0, 3)), "split_base\\[1\\] = 3 is not the plan of qo_indptr \\(expected 2"),
     ],
 )
 def test_bad_input_names_the_argument(changes, match):

@@ -115,6 +115,25 @@ def test_cuda_kv_append_is_bit_exact(dtype, D):
     assert torch.equal(kcc.cpu(), kc) and torch.equal(vcc.cpu(), vc)
 
 
+@pytest.mark.parametrize("dtype,kernel", KERNELS, ids=[f"{str(d)[6:]}-{k}" for d, k in KERNELS])
+def test_cuda_split_base_given_once_equals_the_op_planning_itself(dtype, kernel, monkeypatch):
+    """A forward hands every layer the plan it computed once on the host: the same output, bit for bit, as the
+    op planning on the device per call (same kernels, same plan), and the plan kernel no longer runs."""
+    choose_kernel(kernel, monkeypatch)
+    n_q, n_kv = [40, 16, 1, 3, 17, 8], [40, 9000, 600, 200, 300, 2500]  # split, unsplit and prefill rows
+    args = tuple(t.cuda() for t in make_paged(n_q, n_kv, 8, 2, 128, 16, dtype, seed=9))
+    qo = [0, *torch.tensor(n_q).cumsum(0).tolist()]
+    plan = torch.tensor(dspark.ops.paged_verify_attention_split_base(qo), dtype=torch.int32, device="cuda")
+    want = dspark.ops.paged_verify_attention(*args, 128**-0.5, True)
+    got = dspark.ops.paged_verify_attention(*args, 128**-0.5, True, plan)
+    assert torch.equal(got, want)
+    names = kernel_names(lambda: dspark.ops.paged_verify_attention(*args, 128**-0.5, True, plan))
+    assert "PvaPlanKernel" not in names and "PvaMergeKernel" in names, names
+    assert "PvaPlanKernel" in kernel_names(lambda: dspark.ops.paged_verify_attention(*args, 128**-0.5, True))
+
+
 def test_cuda_opcheck():
     args = tuple(t.cuda() for t in make_paged([2, 3], [9, 300], seed=5))
     torch.library.opcheck(torch.ops.dspark.paged_verify_attention.default, (*args, 0.125, True))
+    plan = torch.tensor([0, 2], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(torch.ops.dspark.paged_verify_attention.default, (*args, 0.125, True, plan))

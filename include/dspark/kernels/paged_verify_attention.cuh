@@ -242,10 +242,10 @@ enum class PvaMath { kCudaCores, kTensorCoresBf16, kTensorCoresFp16 };
 
 template <typename DType, int D, PvaMath kMath>
 cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o,
-                           float* ws_m, float* ws_l, int32_t* base, const PvaIndex& ix, int T, int R,
-                           cudaStream_t stream) {
+                           float* ws_m, float* ws_l, int32_t* base, bool planned, const PvaIndex& ix, int T,
+                           int R, cudaStream_t stream) {
   const int W = static_cast<int>(PvaWorkspaceRows(T, R));
-  PvaPlanKernel<<<1, 32, 0, stream>>>(ix.qo_indptr, base, R);
+  if (!planned) PvaPlanKernel<<<1, 32, 0, stream>>>(ix.qo_indptr, base, R);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const dim3 grid(kPvaMaxSplits, static_cast<unsigned>(ix.Hkv), static_cast<unsigned>(R));
@@ -275,17 +275,19 @@ cudaError_t PvaLaunchSplit(const DType* q, const DType* kc, const DType* vc, DTy
 inline bool PvaHasSplitKernel(int64_t D) { return D == 64 || D == 128; }
 
 // With the split kernels (PvaHasSplitKernel(D)): ws_o [kPvaMaxSplits, W, Hq, D], ws_m / ws_l [kPvaMaxSplits,
-// W, Hq] f32 and base [R] i32, W = PvaWorkspaceRows(T, R); unused otherwise. A tensor-core kMath needs a
-// 16-bit DType of that kind, 16-byte aligned q / caches and compute capability >= 8.0 (the launcher checks).
+// W, Hq] f32 and base [R] i32, W = PvaWorkspaceRows(T, R); unused otherwise. `planned`: base already holds
+// the split plan (the caller's split_base), else PvaPlanKernel writes it. A tensor-core kMath needs a 16-bit
+// DType of that kind, 16-byte aligned q / caches and compute capability >= 8.0 (the launcher checks).
 template <typename DType, PvaMath kMath = PvaMath::kCudaCores>
 cudaError_t PagedVerifyAttention(const DType* q, const DType* kc, const DType* vc, DType* out, float* ws_o,
-                                 float* ws_m, float* ws_l, int32_t* base, const PvaIndex& ix, int T, int R,
-                                 int D, cudaStream_t stream) {
+                                 float* ws_m, float* ws_l, int32_t* base, bool planned, const PvaIndex& ix,
+                                 int T, int R, int D, cudaStream_t stream) {
   if (T <= 0 || R <= 0) return cudaSuccess;
   if (D == 64)
-    return PvaLaunchSplit<DType, 64, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, stream);
+    return PvaLaunchSplit<DType, 64, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, planned, ix, T, R, stream);
   if (D == 128)
-    return PvaLaunchSplit<DType, 128, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, ix, T, R, stream);
+    return PvaLaunchSplit<DType, 128, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, planned, ix, T, R,
+                                             stream);
   const int64_t warps = static_cast<int64_t>(T) * ix.Hq;
   PvaGenericKernel<DType>
       <<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(q, kc, vc, out, ix, T, R, D);

@@ -7,14 +7,15 @@
 
 #include <cstdint>
 
+#include "dspark/attention_plan.h"
+
 namespace dspark::kernels {
 
 // keys per K/V tile of the CUDA-core kernel; split ranges start on multiples of it
 constexpr int kPvaKeyTile = 32;
-// a request with at most kPvaSplitMaxQueries query tokens (a verify block) is split over its keys into at
-// most kPvaMaxSplits ranges of at least kPvaSplitKeys keys each, on kPvaKeyTile boundaries; longer
-// (prefill-like) requests are not split
-constexpr int kPvaSplitMaxQueries = 16;
+// a request with at most kPvaSplitMaxQueries query tokens (a verify block; dspark/attention_plan.h) is split
+// over its keys into at most kPvaMaxSplits ranges of at least kPvaSplitKeys keys each, on kPvaKeyTile
+// boundaries; longer (prefill-like) requests are not split
 constexpr int kPvaMaxSplits = 16;
 constexpr int kPvaSplitKeys = 256;
 
@@ -90,7 +91,8 @@ __device__ __forceinline__ PvaCtaWork PvaWork(const PvaIndex& ix, int r, int par
 }
 
 // grid 1 block of 32 threads: base[r] = the first workspace row of request r = the query tokens of the
-// requests before it that may be split (n_q <= kPvaSplitMaxQueries), an exclusive warp scan in fixed order.
+// requests before it that may be split (PvaSplitRows), an exclusive warp scan in fixed order. Launched per call
+// only when the caller gave no split_base (computed once per forward on the host).
 // base [R] i32; the workspace holds min(T, kPvaSplitMaxQueries * R) rows.
 __global__ void PvaPlanKernel(const int32_t* __restrict__ qo_indptr, int32_t* __restrict__ base, int R) {
   const int lane = threadIdx.x;
@@ -98,10 +100,7 @@ __global__ void PvaPlanKernel(const int32_t* __restrict__ qo_indptr, int32_t* __
   for (int r0 = 0; r0 < R; r0 += 32) {
     const int r = r0 + lane;
     int n = 0;
-    if (r < R) {
-      n = qo_indptr[r + 1] - qo_indptr[r];
-      n = n <= kPvaSplitMaxQueries ? n : 0;
-    }
+    if (r < R) n = PvaSplitRows(qo_indptr[r + 1] - qo_indptr[r]);
     int incl = n;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from dspark.host_sync import to_device
+from dspark.ops import paged_verify_attention_split_base
 
 
 @dataclasses.dataclass
@@ -20,8 +21,9 @@ class BlockBatch:
     ``positions`` ``(R·s,)`` int64 (RoPE), ``slot_mapping`` ``(R·s,)`` int64 (the scratch slots the block K/V go
     to; ``-1`` skips a row), ``qo_indptr`` ``(R + 1,)`` and the page index ``kv_indptr`` ``(R + 1,)`` /
     ``kv_indices`` / ``kv_last_page_len`` ``(R,)`` int32 covering context + block, ``last_slots`` ``(R,)`` int64
-    the slot of each context's last row (``-1`` for none; only for ``context_projection``). A CUDA graph replays
-    the block forward on static tensors of this shape (``DrafterGraphs``)."""
+    the slot of each context's last row (``-1`` for none; only for ``context_projection``), ``split_base``
+    ``(R,)`` int32 the attention's split plan (``paged_verify_attention_split_base``; None: each layer plans). A
+    CUDA graph replays the block forward on static tensors of this shape (``DrafterGraphs``)."""
 
     positions: Tensor
     slot_mapping: Tensor
@@ -30,6 +32,7 @@ class BlockBatch:
     kv_indices: Tensor
     kv_last_page_len: Tensor
     last_slots: Tensor | None = None
+    split_base: Tensor | None = None  # the attention's split plan (R,) int32, one for every layer
 
 
 @dataclasses.dataclass
@@ -70,12 +73,14 @@ class BlockLayout:
 
     def to_device(self, device: torch.device) -> BlockBatch:
         i32, i64 = torch.int32, torch.int64
+        qo = self.qo_indptr()
         return BlockBatch(
             to_device(self.positions, device, i64),
             to_device(self.slot_mapping, device, i64),
-            to_device(self.qo_indptr(), device, i32),
+            to_device(qo, device, i32),
             to_device(self.kv_indptr, device, i32),
             to_device(self.kv_indices, device, i32),
             to_device(self.kv_last_page_len, device, i32),
             None if self.last_slots is None else to_device(self.last_slots, device, i64),
+            to_device(paged_verify_attention_split_base(qo), device, i32),
         )

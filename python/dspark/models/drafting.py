@@ -163,6 +163,7 @@ class DraftSteps:
                 batch.kv_last_page_len,
                 scale,
                 causal=False,  # the block is bidirectional and sees its whole context
+                split_base=batch.split_base,
             )
             x = x + attn.o_proj(o.reshape(R * g, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))

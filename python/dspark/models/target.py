@@ -35,7 +35,7 @@ from dspark.models.support import (  # noqa: F401 (tap_layers, TESTED_FAMILIES: 
     tap_layers,
 )
 from dspark.models.target_graphs import GraphBuckets, GraphStats, TargetGraphs
-from dspark.ops import paged_kv_append, paged_verify_attention
+from dspark.ops import paged_kv_append, paged_verify_attention, paged_verify_attention_split_base
 
 ATTN_NAME = "dspark"
 _USERS_ATTR = "_dspark_attention_users"  # set on a model while adapters use it: {"count", "previous"}
@@ -106,6 +106,7 @@ class _Meta:
     kv_last_page_len: Tensor
     max_kv_len: int
     dense_qo: list[int] | None = None  # host qo_indptr when the batch is a prefill taken by dense attention
+    split_base: Tensor | None = None  # the attention's split plan, computed once for every layer
 
 
 def dense_prefill_attention(
@@ -165,7 +166,16 @@ def _dspark_attention(
         o = dense_prefill_attention(q, k, v, meta.dense_qo, scale)
     else:
         o = paged_verify_attention(
-            q, kc, vc, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, scale, True
+            q,
+            kc,
+            vc,
+            meta.qo_indptr,
+            meta.kv_indptr,
+            meta.kv_indices,
+            meta.kv_last_page_len,
+            scale,
+            True,
+            meta.split_base,
         )
     return o.to(query.dtype).unsqueeze(0), None
 
@@ -451,6 +461,7 @@ class TargetAdapter:
             kv_last_page_len=index.kv_last_page_len,
             max_kv_len=max((self.pool.length(r) for r in rids), default=0),
             dense_qo=qo if dense else None,
+            split_base=None if dense else to_device(paged_verify_attention_split_base(qo), dev, torch.int32),
         )
         return TargetOutput(logits=logits, logits_indptr=lo, hidden=captured, qo_indptr=qo)
 

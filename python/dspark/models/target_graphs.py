@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from dspark.host_sync import to_device
+from dspark.ops import paged_verify_attention_split_base
 
 DEFAULT_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -195,6 +196,7 @@ class TargetGraphs:
         self.qo_indptr = torch.zeros(r_max + 2, dtype=i32, device=dev)
         self.kv_indptr = torch.zeros(r_max + 2, dtype=i32, device=dev)
         self.kv_last_page_len = torch.zeros(r_max + 1, dtype=i32, device=dev)
+        self.split_base = torch.zeros(r_max + 1, dtype=i32, device=dev)  # the attention's split plan
         self.kv_indices = torch.zeros(0, dtype=i32, device=dev)
         self._graphs = GraphSet(buckets.max_graphs, dev, self.stats)
 
@@ -268,6 +270,7 @@ class TargetGraphs:
         copy_in(self.qo_indptr[: r_b + 2], padded.qo_indptr)
         copy_in(self.kv_indptr[: r_b + 2], padded.kv_indptr)
         copy_in(self.kv_last_page_len[: r_b + 1], padded.kv_last_page_len)
+        copy_in(self.split_base[: r_b + 1], paged_verify_attention_split_base(padded.qo_indptr))
         if padded.kv_indices:
             copy_in(self.kv_indices[: len(padded.kv_indices)], padded.kv_indices)
         copy_in(self.slot_mapping[:t_b], padded.slot_mapping)
@@ -289,6 +292,7 @@ class TargetGraphs:
             kv_indptr=self.kv_indptr[: r_b + 2],
             kv_indices=self.kv_indices,
             kv_last_page_len=self.kv_last_page_len[: r_b + 1],
+            split_base=self.split_base[: r_b + 1],
             max_kv_len=0,  # read only by the sliding-window check, and such models are refused
         )
 

@@ -6,7 +6,7 @@ from dspark.ops.few_row_linear import few_row_linear
 from dspark.ops.markov_sample import markov_sample
 from dspark.ops.markov_sample_from_hidden import markov_sample_from_hidden
 from dspark.ops.paged_kv_append import paged_kv_append
-from dspark.ops.paged_verify_attention import paged_verify_attention
+from dspark.ops.paged_verify_attention import paged_verify_attention, paged_verify_attention_split_base
 from dspark.ops.philox_draw import philox_draw
 from dspark.ops.plan_verify import PLAN_MODES, plan_verify
 from dspark.ops.rejection_sample import rejection_sample
@@ -17,6 +17,7 @@ __all__ = [
     "few_row_linear",
     "paged_kv_append",
     "paged_verify_attention",
+    "paged_verify_attention_split_base",
     "philox_draw",
     "plan_verify",
     "markov_sample",

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
+
+from dspark import _C
 
 
 def paged_verify_attention(
@@ -17,6 +21,7 @@ def paged_verify_attention(
     kv_last_page_len: Tensor,
     scale: float,
     causal: bool = True,
+    split_base: Tensor | None = None,
 ) -> Tensor:
     """Attention of each request's query rows over that request's keys and values in a paged cache.
 
@@ -43,6 +48,12 @@ def paged_verify_attention(
         Score scale, usually ``D ** -0.5``.
     causal : bool
         Bottom-right-aligned causal mask (default) or full attention to the request's KV.
+    split_base : Tensor, optional
+        Shape ``(R,)`` int32 on ``q``'s device: the CUDA kernels' split plan for ``qo_indptr``,
+        :func:`paged_verify_attention_split_base` of it. A caller that runs every layer of a forward over one
+        batch computes it once and passes it to each layer; without it the CUDA op plans on the device per call
+        (one more launch). The CPU op checks it against ``qo_indptr`` and does not otherwise use it; on CUDA a
+        wrong plan is undefined behaviour.
 
     Returns
     -------
@@ -61,12 +72,38 @@ def paged_verify_attention(
     torch.Size([5, 6, 64])
     """
     return torch.ops.dspark.paged_verify_attention.default(
-        q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, float(scale), bool(causal)
+        q,
+        k_cache,
+        v_cache,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+        float(scale),
+        bool(causal),
+        split_base,
     )
+
+
+SPLIT_MAX_QUERIES: int = _C.pva_split_max_queries
+"""A request with at most this many query rows (a verify block) may be split over its keys on CUDA."""
+
+
+def paged_verify_attention_split_base(qo_indptr: Sequence[int]) -> list[int]:
+    """The CUDA kernels' split plan of a batch, on the host: request ``r``'s first row in the split workspace,
+    the query rows of the requests before it that may be split (those with at most :data:`SPLIT_MAX_QUERIES`).
+
+    ``qo_indptr`` ``(R + 1,)`` host offsets -> ``(R,)`` ints, the ``split_base`` of :func:`paged_verify_attention`.
+    """
+    base, rows = [], 0
+    for a, b in zip(qo_indptr[:-1], qo_indptr[1:], strict=True):
+        base.append(rows)
+        rows += b - a if b - a <= SPLIT_MAX_QUERIES else 0
+    return base
 
 
 @torch.library.register_fake("dspark::paged_verify_attention")
 def _paged_verify_attention_fake(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, scale, causal
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, scale, causal, split_base=None
 ):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
