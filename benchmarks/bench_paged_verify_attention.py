@@ -8,8 +8,9 @@ of 8 requests over 256 keys each (the batch-8 rounds of docs/benchmarks.md), one
 keys (batch 1 on a long prompt), and prefill (long query blocks); on CUDA also 8 requests × 6 rows × 3,800
 keys and 64 × 4 × 2,000 (the GPU goals' shapes).
 On CPU the op is also timed with its scalar loops (``DSPARK_CPU_SIMD=0``, read per call) against its vector
-loops (AVX-512, or AVX2 + FMA), in the same process; on CUDA, for bf16 / fp16, its tensor-core kernel against
-its CUDA-core one (``DSPARK_CUDA_TENSOR_CORES=0``, read per call).
+loops (AVX-512, or AVX2 + FMA), in the same process; on CUDA with the split plan given (``split_base``, what a
+forward computes once for all its layers) against planning per call, and, for bf16 / fp16, its tensor-core
+kernel against its CUDA-core one (``DSPARK_CUDA_TENSOR_CORES=0``, read per call).
 """
 
 from __future__ import annotations
@@ -99,9 +100,22 @@ def main() -> None:
                         "scalar loops (us)": t_scalar.median_us,
                         "vector vs scalar": t_scalar.median_us / t_op.median_us,
                     }
-                elif dtype != torch.float32:  # the tensor-core kernel against the CUDA-core one
-                    t_cores = time_fn_with_env("DSPARK_CUDA_TENSOR_CORES", "0", op, args.device, budget)
+                else:  # the split plan given once (as a forward hands it to every layer) against per call
+                    qo = [0, *torch.tensor(n_q).cumsum(0).tolist()]
+                    plan = dspark.ops.paged_verify_attention_split_base(qo)
+                    plan = torch.tensor(plan, dtype=torch.int32, device=args.device)
+                    t_plan = time_fn(
+                        lambda i=inputs, s=scale, b=plan: dspark.ops.paged_verify_attention(*i, s, True, b),
+                        args.device,
+                        budget,
+                    )
                     extra = {
+                        "split_base given (us)": t_plan.median_us,
+                        "planned per call vs given": t_op.median_us / t_plan.median_us,
+                    }
+                if args.device == "cuda" and dtype != torch.float32:  # tensor cores against CUDA cores
+                    t_cores = time_fn_with_env("DSPARK_CUDA_TENSOR_CORES", "0", op, args.device, budget)
+                    extra |= {
                         "CUDA-core kernel (us)": t_cores.median_us,
                         "tensor vs CUDA cores": t_cores.median_us / t_op.median_us,
                     }

@@ -58,8 +58,9 @@ inline void check_paged_verify_attention_meta(const at::Tensor& q, const at::Ten
   if (split_base.has_value()) {
     check_dim(op, *split_base, "split_base", 1);
     check_dtype(op, *split_base, "split_base", at::kInt);
-    TORCH_CHECK_VALUE(split_base->size(0) == R, "dspark::paged_verify_attention: split_base must have R = ", R,
-                      " entries, got ", split_base->size(0));
+    TORCH_CHECK_VALUE(split_base->size(0) == R,
+                      "dspark::paged_verify_attention: split_base must have R = ", R, " entries, got ",
+                      split_base->size(0));
     check_same_device(op, q, "q", *split_base, "split_base");
   }
 }

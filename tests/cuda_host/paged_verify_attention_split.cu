@@ -22,7 +22,8 @@ int main() {
       if (s.chunk % kPvaKeyTile != 0) fail(n_q, n_kv, "chunk not a multiple of the key tile");
       if (static_cast<long>(s.count) * s.chunk < n_kv) fail(n_q, n_kv, "keys left uncovered");
       if (n_kv > 0 && (s.count - 1) * s.chunk >= n_kv) fail(n_q, n_kv, "an empty last range");
-      if (n_q > kPvaSplitMaxQueries && s.count != 1) fail(n_q, n_kv, "a prefill-sized request was split");
+      if (n_q > dspark::kPvaSplitMaxQueries && s.count != 1)
+        fail(n_q, n_kv, "a prefill-sized request was split");
       if (n_kv < 2 * kPvaSplitKeys && s.count != 1)
         fail(n_q, n_kv, "fewer than 2 x kPvaSplitKeys keys split");
       if (s.count > 1 && n_kv / s.count < kPvaSplitKeys - kPvaKeyTile)

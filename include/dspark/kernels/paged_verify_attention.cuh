@@ -284,7 +284,8 @@ cudaError_t PagedVerifyAttention(const DType* q, const DType* kc, const DType* v
                                  int T, int R, int D, cudaStream_t stream) {
   if (T <= 0 || R <= 0) return cudaSuccess;
   if (D == 64)
-    return PvaLaunchSplit<DType, 64, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, planned, ix, T, R, stream);
+    return PvaLaunchSplit<DType, 64, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, planned, ix, T, R,
+                                            stream);
   if (D == 128)
     return PvaLaunchSplit<DType, 128, kMath>(q, kc, vc, out, ws_o, ws_m, ws_l, base, planned, ix, T, R,
                                              stream);

@@ -91,9 +91,9 @@ __device__ __forceinline__ PvaCtaWork PvaWork(const PvaIndex& ix, int r, int par
 }
 
 // grid 1 block of 32 threads: base[r] = the first workspace row of request r = the query tokens of the
-// requests before it that may be split (PvaSplitRows), an exclusive warp scan in fixed order. Launched per call
-// only when the caller gave no split_base (computed once per forward on the host).
-// base [R] i32; the workspace holds min(T, kPvaSplitMaxQueries * R) rows.
+// requests before it that may be split (PvaSplitRows), an exclusive warp scan in fixed order. Launched per
+// call only when the caller gave no split_base (computed once per forward on the host). base [R] i32; the
+// workspace holds min(T, kPvaSplitMaxQueries * R) rows.
 __global__ void PvaPlanKernel(const int32_t* __restrict__ qo_indptr, int32_t* __restrict__ base, int R) {
   const int lane = threadIdx.x;
   int carry = 0;
