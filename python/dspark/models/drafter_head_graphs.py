@@ -41,18 +41,12 @@ class DraftHeadGraphs:
 
     Parameters
     ----------
-    drafter : DSparkDrafter
-        On a CUDA device (unless ``capture`` is False).
-    buckets : GraphBuckets
-        Its ``requests`` are the captured request counts.
-    capture : bool
-        False runs the padded steps eagerly instead (any device; tests the padding where no GPU is).
+    drafter, buckets, capture
+        As ``DrafterGraphs`` takes them (it builds these graphs as its ``heads``).
     """
 
     def __init__(self, drafter: Any, buckets: GraphBuckets, capture: bool = True) -> None:
-        if capture and drafter.device.type != "cuda":
-            raise ValueError(f"cuda_graphs: the drafter must be on a CUDA device, got {drafter.device}")
-        self.drafter = drafter
+        self.drafter = drafter  # on CUDA where capture: DrafterGraphs, which builds these, checks it
         self.buckets = buckets
         self.capture = bool(capture)
         self.stats = GraphStats()
@@ -84,10 +78,8 @@ class DraftHeadGraphs:
             reason = "tensor argument"
         elif reason is None and not self._counter_draws:
             reason = "markov head"
-        elif reason is None and p.base_logits is not None:
-            reason = (
-                "logits given"  # a proposal made while the graphs were off: its U is the one to draw from
-            )
+        elif reason is None and p.base_logits is not None:  # proposed while these graphs were off
+            reason = "logits given"
         if reason is not None:
             self.stats.count_eager(reason)
             return None

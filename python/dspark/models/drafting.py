@@ -223,7 +223,8 @@ class DraftSteps:
         """Step 1 of a draft: the block forward and the LM head, ``U = lm_head(hidden)`` for ``g`` slots.
 
         Arguments as in :meth:`draft`. The backbone always runs the whole block; only the first ``g`` slots
-        reach the LM head.
+        reach the LM head. Where the LM head runs inside the draw (:meth:`defers_lm_head`: fused with it, or in
+        the sampling step's CUDA graph) the proposal's ``base_logits`` is None and :meth:`sample` computes it.
         """
         copy = None
         if self.config.uses_copies:
@@ -366,14 +367,9 @@ class DraftSteps:
                 "before it followed the proposal's copy; pass both"
             )
         heads = None if self.graphs is None else self.graphs.heads
-        out = None
-        if heads is not None:
-            out = heads.score(hidden, prev_emb, sts_temperature, sts_bias, prev_tokens, copy)
-        return (
-            out
-            if out is not None
-            else self.confidence(hidden, prev_emb, sts_temperature, sts_bias, prev_tokens, copy)
-        )
+        args = (hidden, prev_emb, sts_temperature, sts_bias, prev_tokens, copy)
+        out = None if heads is None else heads.score(*args)
+        return self.confidence(*args) if out is None else out
 
     def confidence(
         self,
