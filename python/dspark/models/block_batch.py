@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from dspark.host_sync import to_device
-from dspark.ops import paged_verify_attention_split_base
+from dspark.ops.paged_verify_attention import SPLIT_MAX_QUERIES
 
 
 @dataclasses.dataclass
@@ -73,14 +73,21 @@ class BlockLayout:
 
     def to_device(self, device: torch.device) -> BlockBatch:
         i32, i64 = torch.int32, torch.int64
-        qo = self.qo_indptr()
+        qo = to_device(self.qo_indptr(), device, i32)
         return BlockBatch(
             to_device(self.positions, device, i64),
             to_device(self.slot_mapping, device, i64),
-            to_device(qo, device, i32),
+            qo,
             to_device(self.kv_indptr, device, i32),
             to_device(self.kv_indices, device, i32),
             to_device(self.kv_last_page_len, device, i32),
             None if self.last_slots is None else to_device(self.last_slots, device, i64),
-            to_device(paged_verify_attention_split_base(qo), device, i32),
+            block_split_base(qo, self.slots_per_block),
         )
+
+
+def block_split_base(qo_indptr: Tensor, slots_per_block: int) -> Tensor | None:
+    """The attention's split plan of blocks of ``s`` rows each, from their ``qo_indptr`` ``(R + 1,)``: request r's
+    rows start at ``r * s`` in the split workspace too (``paged_verify_attention_split_base``), so the plan is
+    ``qo_indptr[:-1]``; blocks longer than the op splits take no workspace rows, and None lets the op plan."""
+    return qo_indptr[:-1] if slots_per_block <= SPLIT_MAX_QUERIES else None

@@ -27,11 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dspark.host_sync import to_device
-from dspark.models.block_batch import BlockBatch, BlockLayout
+from dspark.models.block_batch import BlockBatch, BlockLayout, block_split_base
 from dspark.models.drafter_head_graphs import DraftHeadGraphs
 from dspark.models.target_graphs import GraphBuckets, GraphSet, GraphStats, copy_in
-from dspark.ops import paged_verify_attention_split_base
 
 
 class DrafterGraphs:
@@ -61,9 +59,6 @@ class DrafterGraphs:
         self.positions = torch.zeros(r_max * s, dtype=i64, device=dev)
         self.slot_mapping = torch.full((r_max * s,), -1, dtype=i64, device=dev)
         self.qo_indptr = torch.arange(0, (r_max + 1) * s, s, dtype=i32, device=dev)  # a prefix per bucket
-        # the attention's split plan: the same for every bucket's prefix, like qo_indptr
-        plan = paged_verify_attention_split_base(range(0, (r_max + 1) * s, s))
-        self.split_base = to_device(plan, dev, i32)
         self.kv_indptr = torch.zeros(r_max + 1, dtype=i32, device=dev)
         self.kv_last_page_len = torch.zeros(r_max, dtype=i32, device=dev)
         self.kv_indices = torch.zeros(0, dtype=i32, device=dev)
@@ -141,7 +136,7 @@ class DrafterGraphs:
             self.kv_indices,
             self.kv_last_page_len[:r_b],
             None if self.last_slots is None else self.last_slots[:r_b],
-            self.split_base[:r_b],
+            block_split_base(self.qo_indptr[: r_b + 1], s),
         )
         copy = (self.copy_tokens[:r_b], self.copy_match[:r_b]) if has_copy else None
         return self.drafter.block_forward(self.anchors[:r_b], batch, copy)
