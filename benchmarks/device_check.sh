@@ -72,8 +72,15 @@ EOF
 fi
 
 say "pytest -m cuda ($(left)s left)"
+# spread over worker processes where pytest-xdist is installed (the tests are mostly host-bound launches), and
+# stop any one test after DEVICE_CHECK_TEST_TIMEOUT seconds where pytest-timeout is (a hanging kernel then fails
+# its own test instead of the whole step)
+par=()
+"$PY" -c "import xdist" 2>/dev/null && par+=(-n "${DEVICE_CHECK_WORKERS:-6}")
+"$PY" -c "import pytest_timeout" 2>/dev/null &&
+  par+=(--timeout "${DEVICE_CHECK_TEST_TIMEOUT:-120}" --timeout-method thread)
 t=$(($(left) - 60)); [ "$t" -lt 30 ] && t=30
-timeout "$t" "$PY" -m pytest tests -m cuda -v -p no:cacheprovider -rfE --tb=short --durations=10 \
+timeout "$t" "$PY" -m pytest tests -m cuda -v -p no:cacheprovider -rfE --tb=short --durations=10 "${par[@]}" \
   >"$OUT/pytest_cuda.log" 2>&1
 rc_test=$?
 tail -15 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
