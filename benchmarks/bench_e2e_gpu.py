@@ -211,7 +211,8 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, c
         b = report.Batch(R, spec_cells, plain_cells.get(1), hf, spec_run, plain_run, canary, graphs)
         batches.append(b)
         if not canary["ok"]:
-            print(f"!!! CANARY: {spec.key} R={R}: {canary}", file=sys.stderr, flush=True)
+            # the whole record is in the JSON; the log gets one line
+            print(f"!!! CANARY: {spec.key} R={R}: {report.canary_cell(canary, 0)}", file=sys.stderr, flush=True)
         print(
             f"[{spec.key}] R={R}: dspark {spec_run.wall_s:.1f} s ({spec_run.rounds_run} rounds), plain "
             f"{plain_run.wall_s:.1f} s, HF step {hf.step_ms:.2f} ms ({hf.cache})",

@@ -10,20 +10,25 @@
 #      is left, else its --quick run;
 #   4. the per-op microbenchmarks with --device cuda, while the time budget lasts;
 #   5. compute-sanitizer memcheck over the CUDA op tests, if time is left.
-# writing env.txt, build.log, pytest_cuda.log, e2e_gpu.md, e2e_gpu.json, e2e_gpu_costs*.json, bench.md,
-# bench.json, memcheck.log and summary.txt under $OUT (each is written as the step runs, so a run stopped at its
-# limit still returns what it did).
+# writing eight files under $OUT, the most a device run returns: summary.txt, build.log (the machine, then the
+# build), pytest_cuda.log, e2e_gpu.md, e2e_gpu_json.tar.gz (e2e_gpu.json and the measured cost tables),
+# bench.md, bench.json and memcheck.log (each is written as its step runs, so a run stopped at its limit still
+# returns what it did). A ninth file would not come back: keep new output inside these.
 #
 # The nvidia-cutlass wheel (headers for the CUDA build) is not on such machines; put it in .whl/ first:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0
 # and carry .whl with the command.
 #
-# Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_E2E (auto: the full
-# bench_e2e_gpu run when at least DEVICE_CHECK_E2E_FULL_S seconds (default 330) would be left for it, else
-# --quick; full, quick, or off), DEVICE_CHECK_E2E_ARGS (more bench_e2e_gpu arguments, e.g. --no-graphs: the full
-# run measures eager and CUDA-graph rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all seven),
-# DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default "not graph"), DSPARK_CUDA_ARCHS
+# Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_TESTS (on / off),
+# DEVICE_CHECK_WORKERS (pytest-xdist processes, default 12), DEVICE_CHECK_TEST_TIMEOUT (seconds per test, default
+# 120), DEVICE_CHECK_E2E (auto: the full bench_e2e_gpu run when at least DEVICE_CHECK_E2E_FULL_S seconds (default
+# 200; the full run took 124 s on an H100) would be left for it, else --quick; full, quick, or off),
+# DEVICE_CHECK_E2E_ARGS (more bench_e2e_gpu arguments, e.g. --no-graphs: the full run measures eager and CUDA-graph
+# rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all eight),
+# DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default "not graph"),
+# DEVICE_CHECK_REUSE_BUILD=1 (skip the build when /tmp/dspark-site holds one: a second call on the same warm
+# machine, e.g. DEVICE_CHECK_TESTS=off DEVICE_CHECK_E2E=off for the op benchmarks alone), DSPARK_CUDA_ARCHS
 # (default 90a), DSPARK_ENABLE_CUDA (default ON; OFF with BENCH_DEVICE=cpu rehearses the script on a machine
 # without a GPU; bench_e2e_gpu then runs --quick on the CPU).
 set -uo pipefail
@@ -42,17 +47,18 @@ say() { echo "[device_check $(($(date +%s) - START))s] $*" | tee -a "$OUT/summar
   nvcc --version | tail -2
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
-} >"$OUT/env.txt" 2>&1
+} >"$OUT/build.log" 2>&1
 if [ -d .whl ]; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/dspark-deps .whl/*.whl >>"$OUT/env.txt" 2>&1
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/dspark-deps .whl/*.whl >>"$OUT/build.log" 2>&1
   export PYTHONPATH="/tmp/dspark-deps${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
 say "building (DSPARK_ENABLE_CUDA=${DSPARK_ENABLE_CUDA:=ON}, archs ${DSPARK_CUDA_ARCHS:=90a})"
 export DSPARK_ENABLE_CUDA DSPARK_CUDA_ARCHS CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-rm -rf /tmp/dspark-site
-if ! "$PY" -m pip install -v --no-build-isolation --no-deps --target /tmp/dspark-site \
-  -Cbuild-dir=/tmp/dspark-build . >"$OUT/build.log" 2>&1; then
+if [ "${DEVICE_CHECK_REUSE_BUILD:-0}" = 1 ] && [ -d /tmp/dspark-site/dspark ]; then
+  say "reusing the build in /tmp/dspark-site (DEVICE_CHECK_REUSE_BUILD=1: a second call on a warm machine)"
+elif ! { rm -rf /tmp/dspark-site && "$PY" -m pip install -v --no-build-isolation --no-deps \
+  --target /tmp/dspark-site -Cbuild-dir=/tmp/dspark-build . >>"$OUT/build.log" 2>&1; }; then
   say "BUILD FAILED"
   tail -60 "$OUT/build.log"
   exit 1
@@ -71,40 +77,48 @@ EOF
   exit 1
 fi
 
+rc_test=0
+if [ "${DEVICE_CHECK_TESTS:-on}" = off ]; then
+  say "pytest -m cuda skipped (DEVICE_CHECK_TESTS=off)"
+else
 say "pytest -m cuda ($(left)s left)"
 # spread over worker processes where pytest-xdist is installed (the tests are mostly host-bound launches), and
 # stop any one test after DEVICE_CHECK_TEST_TIMEOUT seconds where pytest-timeout is (a hanging kernel then fails
 # its own test instead of the whole step)
 par=()
-"$PY" -c "import xdist" 2>/dev/null && par+=(-n "${DEVICE_CHECK_WORKERS:-6}")
+"$PY" -c "import xdist" 2>/dev/null && par+=(-n "${DEVICE_CHECK_WORKERS:-12}")
 "$PY" -c "import pytest_timeout" 2>/dev/null &&
   par+=(--timeout "${DEVICE_CHECK_TEST_TIMEOUT:-120}" --timeout-method thread)
 t=$(($(left) - 60)); [ "$t" -lt 30 ] && t=30
 timeout "$t" "$PY" -m pytest tests -m cuda -v -p no:cacheprovider -rfE --tb=short --durations=10 "${par[@]}" \
   >"$OUT/pytest_cuda.log" 2>&1
 rc_test=$?
-tail -15 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
+tail -4 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
+grep -E "^(FAILED|ERROR) |node down|Timeout" "$OUT/pytest_cuda.log" | cut -c1-300 | head -80 >>"$OUT/summary.txt"
+fi
 
-# the end-to-end round: full (estimated 2-4 min on an H200, capped at 400 s so the op benchmarks keep some
+# the end-to-end round: full (124 s on an H100, capped at 400 s so the op benchmarks keep some
 # time) when enough is left, else the quick run (a scaled-down model, seconds); a CPU rehearsal runs quick
 E2E="${DEVICE_CHECK_E2E:-auto}"
 t=$(($(left) - 20))
 e2e=()
+rm -rf /tmp/dspark-e2e && mkdir -p /tmp/dspark-e2e
 if [ "$E2E" = off ]; then
   say "bench_e2e_gpu skipped (DEVICE_CHECK_E2E=off)"
 elif [ "$t" -lt 45 ]; then
   say "no time left for bench_e2e_gpu"
 else
   if [ "$E2E" = quick ] || [ "$BENCH_DEVICE" != cuda ] ||
-    { [ "$E2E" = auto ] && [ "$t" -lt "${DEVICE_CHECK_E2E_FULL_S:-330}" ]; }; then
+    { [ "$E2E" = auto ] && [ "$t" -lt "${DEVICE_CHECK_E2E_FULL_S:-200}" ]; }; then
     e2e=(--quick)
   fi
   [ "$t" -gt 400 ] && t=400
   say "bench_e2e_gpu ${e2e[*]:-full} (${t}s of $(left)s left)"
   # shellcheck disable=SC2086 (DEVICE_CHECK_E2E_ARGS: extra words, e.g. "--no-graphs" or "--models A")
   timeout "$t" "$PY" benchmarks/bench_e2e_gpu.py --device "$BENCH_DEVICE" "${e2e[@]}" ${DEVICE_CHECK_E2E_ARGS:-} \
-    --json "$OUT/e2e_gpu.json" --sps "$OUT/e2e_gpu_costs.json" >"$OUT/e2e_gpu.md" 2>&1
+    --json /tmp/dspark-e2e/e2e_gpu.json --sps /tmp/dspark-e2e/e2e_gpu_costs.json >"$OUT/e2e_gpu.md" 2>&1
   rc_e2e=$?
+  tar -czf "$OUT/e2e_gpu_json.tar.gz" -C /tmp/dspark-e2e . 2>/dev/null
   [ "$rc_e2e" -ne 0 ] &&
     say "bench_e2e_gpu FAILED or timed out (exit $rc_e2e: 1 a failed greedy canary or an error, 124 out of time)"
   grep -E "^(## |total wall time|!!!|greedy canary)" "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"

@@ -47,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> plan_verify_cuda(const at::Tensor& survival,
       s.data_ptr<float>(), lagged_mode ? lag.data_ptr<float>() : nullptr, R, static_cast<int32_t>(G),
       tok.data_ptr<int64_t>(), rate.data_ptr<double>(), tok.numel(), static_cast<int32_t>(mode), threshold,
       ranked ? rank.data_ptr<int32_t>() : nullptr, ranked ? sorted.data_ptr<float>() : nullptr,
-      lagged_mode ? sorted_lagged.data_ptr<float>() : nullptr, verify_len.data_ptr<int32_t>(),
+      ranked && lagged_mode ? sorted_lagged.data_ptr<float>() : nullptr, verify_len.data_ptr<int32_t>(),
       budget.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(status == cudaSuccess,
               "dspark::plan_verify: CUDA kernel launch failed: ", cudaGetErrorString(status));
