@@ -212,7 +212,9 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, c
         batches.append(b)
         if not canary["ok"]:
             # the whole record is in the JSON; the log gets one line
-            print(f"!!! CANARY: {spec.key} R={R}: {report.canary_cell(canary, 0)}", file=sys.stderr, flush=True)
+            print(
+                f"!!! CANARY: {spec.key} R={R}: {report.canary_cell(canary, 0)}", file=sys.stderr, flush=True
+            )
         print(
             f"[{spec.key}] R={R}: dspark {spec_run.wall_s:.1f} s ({spec_run.rounds_run} rounds), plain "
             f"{plain_run.wall_s:.1f} s, HF step {hf.step_ms:.2f} ms ({hf.cache})",

@@ -293,7 +293,12 @@ def graphs_table(batches: list[Batch]) -> str | None:
     if not any(b.graphs for b in batches):
         return None
     head = ["R", "l", "eager round ms", "graphs round ms", "eager / graphs", "verify eager / graphs ms"]
-    head += ["draft eager / graphs ms", "captures (target + drafter)", "graph pool MiB"]
+    head += [
+        "draft eager / graphs ms",
+        "commit eager / graphs ms",
+        "captures (target + drafter block / heads / context)",
+        "graph pool MiB",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b in batches:
         g = b.graphs
@@ -305,18 +310,21 @@ def graphs_table(batches: list[Batch]) -> str | None:
             if eager is None or graphed is None:
                 continue
             stats = run.graphs or {}
-            drafter = stats.get("drafter") or {}
+            parts = [stats.get(k) or {} for k in ("drafter", "drafter_heads", "drafter_context")]
             ratio = eager.round_ms / graphed.round_ms if graphed.round_ms > 0 else None
             label = "plain" if run is g.plain_run else str(graphed.verify_len)
             draft = (
                 "-" if run is g.plain_run else f"{_f(eager.stages['draft'])} / {_f(graphed.stages['draft'])}"
             )
-            captures = f"{stats.get('captures', '-')} + {drafter.get('captures', 0)}"
-            pool = (stats.get("pool_mib") or 0) + (drafter.get("pool_mib") or 0)
+            commit = f"{_f(eager.stages['commit'])} / {_f(graphed.stages['commit'])}"
+            captures = f"{stats.get('captures', '-')} + " + " / ".join(
+                str(p.get("captures", 0)) for p in parts
+            )
+            pool = (stats.get("pool_mib") or 0) + sum(p.get("pool_mib") or 0 for p in parts)
             lines.append(
                 f"| {b.R} | {label} | {_f(eager.round_ms)} | {_f(graphed.round_ms)} | {_f(ratio)}x | "
-                f"{_f(eager.stages['verify'])} / {_f(graphed.stages['verify'])} | {draft} | {captures} | "
-                f"{_f(pool)} |"
+                f"{_f(eager.stages['verify'])} / {_f(graphed.stages['verify'])} | {draft} | {commit} | "
+                f"{captures} | {_f(pool)} |"
             )
     return "\n".join(lines)
 

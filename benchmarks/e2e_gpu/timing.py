@@ -285,6 +285,7 @@ def run_engine(
         if graphs is not None and dec.drafter_graphs is not None:  # the drafter's block forward
             graphs["drafter"] = describe(dec.drafter_graphs.stats)
             graphs["drafter_heads"] = describe(dec.drafter_graphs.heads.stats)  # LM head + draw, confidence
+            graphs["drafter_context"] = describe(dec.drafter_graphs.context.stats)  # context append
     finally:
         _ACTIVE.remove(rec)
         if drafter is not None:

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The decoder with the drafter's graphs run padded on the CPU (``DrafterGraphs(capture=False)``: the graphs'
-bodies on their static buffers, the Markov draw keyed by the device counter): the same output as without them
-for the same seed — greedy, sampled with top-k, and with lookup blocks mixed in — so every round's draw took its
-own Philox offset through the counter. The graphs' path must have run in every drafted round. With a GPU,
+bodies on their static buffers, the Markov draw keyed by the device counter, the context appends padded): the
+same output as without them for the same seed — greedy, sampled with top-k, and with lookup blocks mixed in — so
+every round's draw took its own Philox offset through the counter. The graphs' path must have run in every drafted round. With a GPU,
 tests/decoding/test_decoder_cuda_graphs.py replays the captured graphs.
 """
 
@@ -36,10 +36,12 @@ def test_padded_graphs_give_the_decoder_the_same_output(sampling, lookup):
         outs.append(out.sequences)
         if graphed:
             stats = drafter.graphs.heads.stats
+            appends = drafter.graphs.context.stats
     assert outs[1] == outs[0]
     if sampling["temperature"] == 0:
         assert outs[0] == [hf_greedy(target, p, 14) for p in prompts]
     assert stats.replays > 0 and not stats.eager, stats  # sampling and confidence replayed in every round
+    assert appends.replays > 0, appends  # the committed rows' appends took the padded graph path
 
 
 def test_a_counter_not_refilled_changes_the_sampled_output(monkeypatch):

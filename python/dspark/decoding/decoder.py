@@ -106,10 +106,10 @@ class DSparkDecoder:
     cuda_graphs : bool or GraphBuckets
         Replay the target's decode / verify forwards from CUDA graphs bucketed by request and token count
         (:class:`dspark.models.target.TargetAdapter`; prefills stay eager), and the drafter's block forward,
-        LM head with Markov draw and confidence head from graphs bucketed by request count
-        (:class:`dspark.models.drafter_graphs.DrafterGraphs`, its ``heads``). CUDA only; default off.
-        ``decoder.adapter.graph_stats``, ``decoder.drafter_graphs.stats`` and
-        ``decoder.drafter_graphs.heads.stats`` say what they did.
+        LM head with Markov draw and confidence head from graphs bucketed by request count, and its context
+        append from graphs bucketed by row count (:class:`dspark.models.drafter_graphs.DrafterGraphs`, its
+        ``heads`` and ``context``). CUDA only; default off. ``decoder.adapter.graph_stats``,
+        ``decoder.drafter_graphs.stats``, ``.heads.stats`` and ``.context.stats`` say what they did.
     measure_costs : bool
         Correct the cost table (``sps_table``, needed) with the verify and drafter times measured in each round,
         so that the planner prices this machine, context length and dtype rather than the profiled ones

@@ -87,6 +87,18 @@ def context_rows(model: nn.Module, features: Tensor) -> Tensor:
     return model.hidden_norm(model.fc(x))
 
 
+def write_context(model: nn.Module, rows: Tensor, positions: Tensor, slots: Tensor) -> None:
+    """Write context rows ``(n, H)`` into the drafter's paged contexts at ``slots`` ``(n,)`` int64: each layer's
+    normed, rotated K and V at ``positions`` ``(n,)`` int64 (both on the drafter's device), and the rows
+    themselves where they are kept. Eager, or recorded into a CUDA graph (``context_graphs``)."""
+    store = model.contexts
+    cos, sin = model.rotary_emb.cos_sin(positions, model.dtype)
+    for li, layer in enumerate(model.layers):
+        k, v = layer.self_attn.project_kv(rows, cos, sin)
+        store.write(li, slots, k, v)
+    store.write_rows(slots, rows)  # kept only with context_projection
+
+
 def block_embeddings(
     model: nn.Module,
     anchors: Tensor,

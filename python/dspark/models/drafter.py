@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from dspark.host_sync import to_device
 from dspark.models import drafter_loading as loading
-from dspark.models.block_inputs import add_input_modules, context_rows
+from dspark.models.block_inputs import add_input_modules, context_rows, write_context
 from dspark.models.config import DrafterConfig
 from dspark.models.context import PagedContexts
 from dspark.models.copy_head import CopyHead
@@ -427,24 +427,23 @@ class DSparkDrafter(DraftSteps, nn.Module):
                     f"(truncate the context first to rewrite rows)"
                 )
         counts = [f.shape[0] for f in features]
-        ctx_rows = None  # [N, H], computed before any context changes (a failure here changes none)
-        if sum(counts):
-            ctx_rows = context_rows(
-                self, torch.cat([f.to(device=self.device, dtype=self.dtype) for f in features])
-            )
+        n = sum(counts)
+        feats = torch.cat([f.to(device=self.device, dtype=self.dtype) for f in features]) if n else None
+        graphs = None if self.graphs is None or not n else self.graphs.context
+        if graphs is not None and not graphs.fits(n):
+            graphs = None
+        # eager: computed before any context changes (a failure here changes none)
+        ctx_rows = None if graphs is not None or not n else context_rows(self, feats)
         for j, rid in enumerate(ids):  # an empty append still starts a context
             if rid not in store:
                 store.start(rid, 0 if positions is None else int(positions[j]))
-        if ctx_rows is None:
+        if not n:
             return
         starts = [store.next_position(rid) for rid in ids]
-        slots = torch.cat([store.append_slots(rid, n) for rid, n in zip(ids, counts, strict=True)])
-        slots = to_device(slots, self.device)
-        pos = torch.cat(
-            [torch.arange(s, s + n, device=self.device) for s, n in zip(starts, counts, strict=True)]
-        )
-        cos, sin = self.rotary_emb.cos_sin(pos, self.dtype)
-        for li, layer in enumerate(self.layers):
-            k, v = layer.self_attn.project_kv(ctx_rows, cos, sin)
-            store.write(li, slots, k, v)
-        store.write_rows(slots, ctx_rows)  # kept only with context_projection
+        slots = torch.cat([store.append_slots(rid, k) for rid, k in zip(ids, counts, strict=True)])
+        pos = torch.cat([torch.arange(s, s + k) for s, k in zip(starts, counts, strict=True)])
+        if graphs is not None and graphs.run(feats, slots, pos):
+            return
+        if ctx_rows is None:  # the graph's capture failed: these rows run eagerly
+            ctx_rows = context_rows(self, feats)
+        write_context(self, ctx_rows, to_device(pos, self.device), to_device(slots, self.device))

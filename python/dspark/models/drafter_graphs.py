@@ -17,7 +17,8 @@ forward's shapes depend on the request count ``R`` alone: :class:`DrafterGraphs`
   in one memory pool; a failed capture turns them off with a warning (the drafter runs eagerly from then on).
 
 The round's later steps — the LM head with the Markov draw, and the confidence head — have graphs of their own,
-``heads`` (:class:`dspark.models.drafter_head_graphs.DraftHeadGraphs`).
+``heads`` (:class:`dspark.models.drafter_head_graphs.DraftHeadGraphs`), and so has the append of the committed
+rows to the contexts, ``context`` (:class:`dspark.models.context_graphs.ContextGraphs`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from dspark.models.block_batch import BlockBatch, BlockLayout, block_split_base
+from dspark.models.context_graphs import ContextGraphs
 from dspark.models.drafter_head_graphs import DraftHeadGraphs
 from dspark.models.target_graphs import GraphBuckets, GraphSet, GraphStats, copy_in
 
@@ -67,11 +69,13 @@ class DrafterGraphs:
         self.copy_match = torch.zeros(r_max, dtype=i64, device=dev)
         self._graphs = GraphSet(buckets.max_graphs, dev, self.stats)
         self.heads = DraftHeadGraphs(drafter, buckets, capture)  # sampling and confidence; stats of their own
+        self.context = ContextGraphs(drafter, buckets, capture)  # the committed rows' append; its own stats
 
     def reset(self) -> None:
         """Drop every captured graph (the next round of each bucket captures again)."""
         self._graphs.clear()
         self.heads.reset()
+        self.context.reset()
 
     def run(self, anchors: Tensor, layout: BlockLayout, copy: tuple[Tensor, Tensor] | None) -> Tensor | None:
         """Replay (capturing first if needed) the block forward of ``layout``'s R blocks, or None to run it
