@@ -11,12 +11,19 @@ On CPU the op is also timed with its scalar loops (``DSPARK_CPU_SIMD=0``, read p
 loops (AVX-512, or AVX2 + FMA), in the same process; on CUDA with the split plan given (``split_base``, what a
 forward computes once for all its layers) against planning per call, and, for bf16 / fp16, its tensor-core
 kernel against its CUDA-core one (``DSPARK_CUDA_TENSOR_CORES=0``, read per call).
+
+Each row is printed to stderr as soon as it is measured (a run stopped by a time limit still shows what it
+measured); the table at the end lists them all. On CUDA each timing takes about its budget (the reference's
+per-request loop takes tens of ms a call at R = 64; ``benchmarks.common.time_fn``), and each case's inputs are
+drawn once and converted to each dtype on the device.
 """
 
 from __future__ import annotations
 
 import random
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
-from benchmarks.common import Row, parse_args, report, time_fn, time_fn_with_env  # noqa: E402
+from benchmarks.common import Row, Timing, parse_args, report, time_fn, time_fn_with_env  # noqa: E402
 from benchmarks.inputs import paged_inputs  # noqa: E402
 from dspark.reference import gather_request_kv  # noqa: E402
 
@@ -50,9 +57,19 @@ def gather_sdpa(q, k_cache, v_cache, qo, kvp, idx, last, scale, causal=True):
     return torch.cat(outs)
 
 
+def timed(fn: Callable[[], object], device: str, budget: float, env: tuple[str, str] | None = None) -> Timing:
+    if env is not None:
+        return time_fn_with_env(env[0], env[1], fn, device, budget)
+    return time_fn(fn, device, budget)
+
+
 def main() -> None:
     args = parse_args(__doc__)
-    budget = 0.1 if args.quick else 0.5
+    cuda = args.device == "cuda"
+    if cuda:
+        budget = 0.02 if args.quick else 0.1
+    else:
+        budget = 0.1 if args.quick else 0.5
     rng = random.Random(0)
     R = 8
     mixed_q = [rng.randint(1, 8) for _ in range(R)]
@@ -67,7 +84,7 @@ def main() -> None:
         ("verify 1 x 4 x 4000", [4], [4000]),
         ("prefill", [512, 256], [512, 256]),
     ]
-    if args.device == "cuda":  # the GPU goals' shapes (docs/ops.md)
+    if cuda:  # the GPU goals' shapes (docs/ops.md)
         cases += [
             ("verify 8 x 6 x 3800", [6] * 8, [3800] * 8),
             ("verify 64 x 4 x 2000", [4] * 64, [2000] * 64),
@@ -76,26 +93,28 @@ def main() -> None:
     dtypes = [torch.float32] if args.quick or args.device == "cpu" else [torch.float16, torch.bfloat16]
     if args.device == "cpu" and not args.quick:
         dtypes = [torch.float32, torch.bfloat16]
-    rows = []
-    for dtype in dtypes:
-        for Hq, Hkv, D in heads:
-            for name, n_q, n_kv in cases:
-                inputs = paged_inputs(n_q, n_kv, (Hq, Hkv, D), 16, dtype, seed=1, device=args.device)
+    n_rows = len(dtypes) * len(heads) * len(cases)
+    t0 = time.perf_counter()
+    print(f"paged_verify_attention: {n_rows} rows on {args.device}", file=sys.stderr, flush=True)
+    measured: dict[tuple[int, int, int], Row] = {}  # (dtype, heads, case) index -> row, for the table's order
+    # each case's inputs are drawn once (fp32) and converted per dtype: drawing the 64 x 2,000-key caches at
+    # 32/8/128 (2 x 131 M values) on the CPU takes seconds
+    for hi, (Hq, Hkv, D) in enumerate(heads):
+        for ci, (name, n_q, n_kv) in enumerate(cases):
+            base = paged_inputs(n_q, n_kv, (Hq, Hkv, D), 16, torch.float32, seed=1, device=args.device)
+            for di, dtype in enumerate(dtypes):
+                inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in base)
                 scale = D**-0.5
-                out = dspark.ops.paged_verify_attention(*inputs, scale, True)
+                op = lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True)  # noqa: E731
+                out = op()
                 ref = gather_sdpa(*inputs, scale, True)
                 tol = 2e-5 if dtype == torch.float32 else 2e-2
                 torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
-                t_op = time_fn(
-                    lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True),
-                    args.device,
-                    budget,
-                )
-                t_ref = time_fn(lambda i=inputs, s=scale: gather_sdpa(*i, s, True), args.device, budget)
+                t_op = timed(op, args.device, budget)
+                t_ref = timed(lambda i=inputs, s=scale: gather_sdpa(*i, s, True), args.device, budget)
                 extra = {}
-                op = lambda i=inputs, s=scale: dspark.ops.paged_verify_attention(*i, s, True)  # noqa: E731
-                if args.device == "cpu":  # the vector loops against the scalar ones
-                    t_scalar = time_fn_with_env("DSPARK_CPU_SIMD", "0", op, args.device, budget)
+                if not cuda:  # the vector loops against the scalar ones
+                    t_scalar = timed(op, args.device, budget, ("DSPARK_CPU_SIMD", "0"))
                     extra = {
                         "scalar loops (us)": t_scalar.median_us,
                         "vector vs scalar": t_scalar.median_us / t_op.median_us,
@@ -104,7 +123,7 @@ def main() -> None:
                     qo = [0, *torch.tensor(n_q).cumsum(0).tolist()]
                     plan = dspark.ops.paged_verify_attention_split_base(qo)
                     plan = torch.tensor(plan, dtype=torch.int32, device=args.device)
-                    t_plan = time_fn(
+                    t_plan = timed(
                         lambda i=inputs, s=scale, b=plan: dspark.ops.paged_verify_attention(*i, s, True, b),
                         args.device,
                         budget,
@@ -113,8 +132,8 @@ def main() -> None:
                         "split_base given (us)": t_plan.median_us,
                         "planned per call vs given": t_op.median_us / t_plan.median_us,
                     }
-                if args.device == "cuda" and dtype != torch.float32:  # tensor cores against CUDA cores
-                    t_cores = time_fn_with_env("DSPARK_CUDA_TENSOR_CORES", "0", op, args.device, budget)
+                if cuda and dtype != torch.float32:  # tensor cores against CUDA cores
+                    t_cores = timed(op, args.device, budget, ("DSPARK_CUDA_TENSOR_CORES", "0"))
                     extra |= {
                         "CUDA-core kernel (us)": t_cores.median_us,
                         "tensor vs CUDA cores": t_cores.median_us / t_op.median_us,
@@ -128,15 +147,21 @@ def main() -> None:
                     "rows": sum(n_q),
                     "keys": sum(n_kv),
                 }
-                rows.append(
-                    Row(
-                        case,
-                        args.device,
-                        t_op,
-                        t_ref,
-                        {"KV GB/s": kv_bytes / (t_op.median_us * 1e3), **extra},
-                    )
+                row = Row(
+                    case, args.device, t_op, t_ref, {"KV GB/s": kv_bytes / (t_op.median_us * 1e3), **extra}
                 )
+                measured[(di, hi, ci)] = row
+                more = ", ".join(f"{k} {v:.2f}" for k, v in row.extra.items())
+                print(
+                    f"[{time.perf_counter() - t0:5.1f} s] {name} | {case['dtype']} | {case['Hq/Hkv/D']}: "
+                    f"op {t_op.median_us:.1f} us, gather + SDPA {t_ref.median_us:.1f} us "
+                    f"({row.speedup:.1f}x), {more}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                del inputs, out, ref
+            del base
+    rows = [measured[k] for k in sorted(measured)]  # dtype, then heads, then case, as before
     report(
         "paged_verify_attention vs gather + SDPA",
         rows,

@@ -61,26 +61,39 @@ def parse_args(description: str) -> argparse.Namespace:
 
 
 def time_fn(fn: Callable[[], object], device: str, min_run_time: float) -> Timing:
+    """Median and IQR of ``fn``'s time in µs over about ``min_run_time`` seconds.
+
+    CUDA: events around batches of calls, after 3 warm-up calls; a batch holds as many calls (1 to 10) as fit in
+    a twentieth of the budget, and at least 5 batches are taken, so a slow reference (tens of ms a call) costs
+    about its budget rather than a fixed 210 calls.
+    """
     if device == "cuda":
-        for _ in range(10):
+        for _ in range(2):
             fn()
         torch.cuda.synchronize()
+        one_s = max(_cuda_ms(fn, 1) * 1e-3, 1e-6)
+        reps = max(1, min(10, int(min_run_time / 20 / one_s)))
         samples = []
         deadline = time.perf_counter() + min_run_time
-        while time.perf_counter() < deadline or len(samples) < 20:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(10):
-                fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / 10)
+        while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 200):
+            samples.append(_cuda_ms(fn, reps) * 1e3 / reps)
         q = statistics.quantiles(samples, n=4)
         return Timing(statistics.median(samples), q[2] - q[0], len(samples))
     # Timer runs single-threaded unless told otherwise: time with the threads the run was given (--threads)
     timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     m = timer.blocked_autorange(min_run_time=min_run_time)
     return Timing(m.median * 1e6, m.iqr * 1e6, len(m.times))
+
+
+def _cuda_ms(fn: Callable[[], object], reps: int) -> float:
+    """Milliseconds of ``reps`` back-to-back calls of ``fn`` on the device clock (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def time_fn_with_env(

@@ -17,8 +17,15 @@ def set_switch(monkeypatch, name: str, on: bool) -> None:
 
 
 def kernel_names(call: Callable[[], object]) -> str:
-    """The names of the CUDA kernels ``call`` launched, space-separated (from the profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    """The names of the CUDA kernels ``call`` launched, space-separated (from the profiler).
+
+    ``call`` runs once before profiling (lazy module loading, cuBLAS handles and the like stay out of the
+    profiled run), and the profiler records CPU activity too: with CUDA activity alone Kineto has been seen to
+    return no kernel events at all, which would fail the "kernel X ran" assertions spuriously."""
+    call()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
         call()
         torch.cuda.synchronize()
     return " ".join(e.name for e in prof.events())

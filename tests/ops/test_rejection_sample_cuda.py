@@ -82,6 +82,10 @@ def test_one_hot_cuda_equals_cpu(procs, dtype, mask, split, monkeypatch):
     tl, qo, z, drafts, vl, temp = onehot_inputs(seed=21, dtype=dtype)
     zz, kw = masked_draft_logits(z, mask)
     kw.update(procs)
+    # split top-p rows take the fixed-point threshold (C4): equal outside the requests where the two rules keep
+    # other ids (p only, so the same set for every seed and whatever q is)
+    skip = top_p_disagreements((tl, qo, zz, drafts, vl, temp), procs) if split == "on" else set()
+    assert len(skip) <= 1  # near-ties of the top-p boundary are rare
     for seed in range(3):
         cpu = dspark.ops.rejection_sample(tl, qo, zz, drafts, vl, temp, seed, 1, **kw)
         gpu = dspark.ops.rejection_sample(
@@ -92,9 +96,9 @@ def test_one_hot_cuda_equals_cpu(procs, dtype, mask, split, monkeypatch):
             1,
             **_cuda(kw),
         )
-        assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu()), (seed, cpu, gpu)
+        assert_equal_outside(cpu, gpu, skip)
     ref = rejection_sample_ref(tl, qo, zz, drafts, vl, temp, 2, 1, **kw)
-    assert torch.equal(ref[1], gpu[1].cpu())
+    assert_equal_outside(ref, gpu, skip)
 
 
 def test_one_hot_large_vocab_cuda_equals_cpu():

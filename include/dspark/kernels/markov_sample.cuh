@@ -163,7 +163,9 @@ cudaError_t MarkovSample(const TU* u, const int64_t* anchor, const TW* w1, const
   const size_t smem = static_cast<size_t>(kMarkovChunk) * static_cast<size_t>(rank) * sizeof(float);
   const bool vec = rank % 8 == 0 && reinterpret_cast<uintptr_t>(w2) % 16 == 0;
   auto* step = vec ? MarkovStepKernel<TU, TW, true> : MarkovStepKernel<TU, TW, false>;
-  if (smem > 48 * 1024) {
+  // The 48 KiB default bounds static + dynamic shared memory together: the kernel's static BlockScratch
+  // counts too (without the opt-in, 1440 <= rank <= 1536 would fail to launch).
+  if (smem + sizeof(BlockScratch) > 48 * 1024) {
     const cudaError_t e =
         cudaFuncSetAttribute(step, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;

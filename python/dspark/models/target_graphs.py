@@ -355,16 +355,27 @@ def capture_graph(
     """
     t0 = time.perf_counter()
     reserved = torch.cuda.memory_reserved(device)
+    caller = torch.cuda.current_stream(device)
+    side = None
     try:
         side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
+        side.wait_stream(caller)
         with torch.cuda.stream(side):
             fn()
-        torch.cuda.current_stream(device).wait_stream(side)
+        caller.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             out = fn()
     except Exception as e:  # noqa: BLE001 (any capture failure: fall back to eager, say why once)
+        # torch.cuda.graph.__exit__ calls capture_end() before it restores the stream, so a capture invalidated
+        # by a sync (capture_end raises) leaves the capture stream current for the rest of the process: put the
+        # caller's stream back, ordered after a warm-up that may have failed part-way on the side stream.
+        try:
+            torch.cuda.set_stream(caller)
+            if side is not None:
+                caller.wait_stream(side)
+        except RuntimeError:  # a sticky device error: the eager path will report it
+            pass
         stats.disabled = f"{type(e).__name__}: {e}"
         warnings.warn(
             f"dspark: CUDA graph capture failed ({stats.disabled}); running eagerly from now on",
