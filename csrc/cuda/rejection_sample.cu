@@ -4,6 +4,8 @@
 // Value checks that read data (verify_len range, qo_indptr consistency, temperatures, token ranges, NaN
 // logits) are CPU-only: on CUDA they would sync with the host; the kernel trusts them.
 #include <ATen/ATen.h>
+#include <algorithm>
+#include <cstdlib>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -16,16 +18,20 @@ namespace dspark {
 namespace {
 
 // The one-block-per-request kernel alone when DSPARK_CUDA_REJECTION_SPLIT=0 (read per call, for
-// comparisons); otherwise greedy requests take the vocabulary-split greedy kernels and, where the grids fit
-// and the per-row workspace stays within 1 GiB, the sampled requests the vocabulary-split sampled kernels.
-// Every choice gives the CPU op's tokens, except that a split top-p threshold is summed in fixed point
-// (rejection_sample_split.cuh: contract C4).
-bool split_greedy(int64_t R, int64_t G, int64_t V) {
-  return R <= 65535 && G + 1 <= 65535 && V < (int64_t{1} << 32);
-}
-bool split_rows(int64_t R, int64_t G, int64_t V) {
-  // 1 GiB: R = 64 verify rows of 8 at V = 151,936 (622 MB, about twice their fp32 draft logits) still split
-  return R <= 65535 && 2 * R * (G + 1) * V * 4 <= (int64_t{1} << 30);
+// comparisons); otherwise greedy requests take the vocabulary-split greedy kernels and sampled requests the
+// vocabulary-split sampled kernels, for every batch size: the batch runs in chunks of requests whose per-row
+// workspace fits a budget, so which kernels sample a request depends on (G, V) alone, never on R (contract
+// C2; the split top-p threshold is summed in fixed point, the one-block kernel's is not). Every choice gives
+// the CPU op's tokens, except that split top-p threshold (rejection_sample_split.cuh: contract C4).
+bool split_fits(int64_t G, int64_t V) { return G + 1 <= 65535 && V < (int64_t{1} << 32); }
+
+// Requests per launch of the split kernels: their [2, n, G + 1, V] fp32 workspace within
+// DSPARK_CUDA_REJECTION_WS_BYTES (default 1 GiB: R = 64 verify rows of 8 at V = 151,936 take 622 MB in one
+// launch), and at most 65535 (grid.y).
+int64_t chunk_requests(int64_t G, int64_t V) {
+  int64_t budget = int64_t{1} << 30;
+  if (const char* env = std::getenv("DSPARK_CUDA_REJECTION_WS_BYTES")) budget = std::atoll(env);
+  return std::clamp<int64_t>(budget / (2 * (G + 1) * V * 4), 1, 65535);
 }
 
 // Buffers of the vocabulary-split sampled kernels (kernels::SampledWork), kept alive for the call.
@@ -103,53 +109,58 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
   const auto ids = opt(request_ids), tk = opt(top_k), tp = opt(top_p), pen = opt(repetition_penalty);
   const auto ptok = opt(penalty_tokens), pptr = opt(penalty_indptr);
   const auto zl = opt(draft_logits), oh = opt(draft_one_hot);
-  const bool split = !switched_off("DSPARK_CUDA_REJECTION_SPLIT"), rows = split && split_rows(R, G, V);
-  // y and w per request, or per verify row when the rows split over the vocabulary
-  auto ws = rows ? at::empty({2, R, G + 1, V}, tl.options().dtype(at::kFloat))
-                 : at::empty({2, R, V}, tl.options().dtype(at::kFloat));
-  kernels::RejectionParams p;
-  p.qo_indptr = qo.data_ptr<int32_t>();
-  p.draft_logits = zl.defined() ? zl.data_ptr<float>() : nullptr;
-  p.draft_one_hot = oh.defined() ? oh.data_ptr<bool>() : nullptr;
-  p.draft_tokens = dt.data_ptr<int64_t>();
-  p.verify_len = vl.data_ptr<int32_t>();
-  p.temperature = tt.data_ptr<float>();
-  p.request_ids = ids.defined() ? ids.data_ptr<int64_t>() : nullptr;
-  p.top_k = tk.defined() ? tk.data_ptr<int64_t>() : nullptr;
-  p.top_p = tp.defined() ? tp.data_ptr<float>() : nullptr;
-  p.penalty = pen.defined() ? pen.data_ptr<float>() : nullptr;
-  p.penalty_tokens = ptok.defined() ? ptok.data_ptr<int64_t>() : nullptr;
-  p.penalty_indptr = pptr.defined() ? pptr.data_ptr<int64_t>() : nullptr;
-  p.ws_y = ws[0].data_ptr<float>();
-  p.ws_w = ws[1].data_ptr<float>();
-  p.accepted = accepted.data_ptr<int32_t>();
-  p.out_tokens = out.data_ptr<int64_t>();
-  p.G = G;
-  p.V = V;
-  p.seed = static_cast<uint64_t>(seed);
-  p.offset = static_cast<uint64_t>(offset);
+  const bool split = !switched_off("DSPARK_CUDA_REJECTION_SPLIT") && split_fits(G, V);
+  const int64_t chunk = split ? chunk_requests(G, V) : R;
+  // Philox keys by request: without request_ids a request's key is its index, which a later chunk's launch
+  // would count from 0, so a chunked batch gets the indices as ids
+  const at::Tensor keys = ids.defined() || R <= chunk ? ids : at::arange(R, dt.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor best;  // [R, g + 1, chunks] packed (value, id) maxima of the greedy rows
-  if (split && split_greedy(R, G, V)) best = at::empty({R, G + 1, kernels::VocabChunks(V)}, dt.options());
-  // sampled rows over the vocabulary, in the per-row workspace (ws)
-  SampledBuffers sampled;
-  const bool split_sampled = rows && split_greedy(R, G, V);
-  if (split_sampled) sampled = sampled_buffers(R, G, V, tk.defined(), tp.defined(), dt.options());
-  const kernels::SampledWork* sw = split_sampled ? &sampled.work : nullptr;
-  cudaError_t status;
-  switch (tl.scalar_type()) {
-    case at::kFloat:
-      status = launch<float>(tl.data_ptr<float>(), p, R, best, sw, stream);
-      break;
-    case at::kBFloat16:
-      status = launch<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, R, best, sw,
-                                     stream);
-      break;
-    default:
-      status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, R, best, sw, stream);
+  for (int64_t r0 = 0; r0 < R; r0 += chunk) {
+    const int64_t n = std::min(chunk, R - r0);
+    // y and w per request (one-block kernel), or per verify row (split kernels)
+    auto ws = split ? at::empty({2, n, G + 1, V}, tl.options().dtype(at::kFloat))
+                    : at::empty({2, n, V}, tl.options().dtype(at::kFloat));
+    kernels::RejectionParams p;
+    p.qo_indptr = qo.data_ptr<int32_t>() + r0;  // absolute row indices into target_logits
+    p.draft_logits = zl.defined() ? zl.data_ptr<float>() + r0 * G * V : nullptr;
+    p.draft_one_hot = oh.defined() ? oh.data_ptr<bool>() + r0 : nullptr;
+    p.draft_tokens = dt.data_ptr<int64_t>() + r0 * G;
+    p.verify_len = vl.data_ptr<int32_t>() + r0;
+    p.temperature = tt.data_ptr<float>() + r0;
+    p.request_ids = keys.defined() ? keys.data_ptr<int64_t>() + r0 : nullptr;
+    p.top_k = tk.defined() ? tk.data_ptr<int64_t>() + r0 : nullptr;
+    p.top_p = tp.defined() ? tp.data_ptr<float>() + r0 : nullptr;
+    p.penalty = pen.defined() ? pen.data_ptr<float>() + r0 : nullptr;
+    p.penalty_tokens = ptok.defined() ? ptok.data_ptr<int64_t>() : nullptr;  // indexed by penalty_indptr
+    p.penalty_indptr = pptr.defined() ? pptr.data_ptr<int64_t>() + r0 : nullptr;
+    p.ws_y = ws[0].data_ptr<float>();
+    p.ws_w = ws[1].data_ptr<float>();
+    p.accepted = accepted.data_ptr<int32_t>() + r0;
+    p.out_tokens = out.data_ptr<int64_t>() + r0 * (G + 1);
+    p.G = G;
+    p.V = V;
+    p.seed = static_cast<uint64_t>(seed);
+    p.offset = static_cast<uint64_t>(offset);
+    // [n, g + 1, chunks] packed (value, id) maxima of the greedy rows; the sampled rows' buffers
+    const at::Tensor best = split ? at::empty({n, G + 1, kernels::VocabChunks(V)}, dt.options()) : at::Tensor();
+    SampledBuffers sampled;
+    if (split) sampled = sampled_buffers(n, G, V, tk.defined(), tp.defined(), dt.options());
+    const kernels::SampledWork* sw = split ? &sampled.work : nullptr;
+    cudaError_t status;
+    switch (tl.scalar_type()) {
+      case at::kFloat:
+        status = launch<float>(tl.data_ptr<float>(), p, n, best, sw, stream);
+        break;
+      case at::kBFloat16:
+        status = launch<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(tl.data_ptr()), p, n, best, sw,
+                                       stream);
+        break;
+      default:
+        status = launch<__half>(reinterpret_cast<const __half*>(tl.data_ptr()), p, n, best, sw, stream);
+    }
+    TORCH_CHECK(status == cudaSuccess,
+                "dspark::rejection_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
   }
-  TORCH_CHECK(status == cudaSuccess,
-              "dspark::rejection_sample: CUDA kernel launch failed: ", cudaGetErrorString(status));
   return {accepted, out};
 }
 

@@ -282,3 +282,31 @@ def test_sampled_split_draws_equal_cpu_at_large_vocab():
         cpu = dspark.ops.rejection_sample(*args, seed, 9, **procs)
         gpu = dspark.ops.rejection_sample(*(a.cuda() for a in args), seed, 9, **_cuda(procs))
         assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu()), seed
+
+
+@pytest.mark.parametrize("ids", ["given", "none"])
+@pytest.mark.parametrize("filtering", ["none", "top_k", "top_p"])
+def test_a_batch_in_chunks_gives_each_request_its_tokens(ids, filtering, monkeypatch):
+    # C2: which kernels sample a request never depends on R. A batch whose split workspace passes its budget
+    # (DSPARK_CUDA_REJECTION_WS_BYTES; 1 GiB by default, R = 64 at gamma 7 and V = 151,936) runs in chunks of
+    # requests; each request must get the tokens the one-launch call gives it — also without request_ids,
+    # where a request's Philox key is its index in the whole batch, not in its chunk
+    R, G, V = 10, 7, 3 * 4096 + 1000
+    args, procs = _sampled_case(R, G, V, 11, torch.float32)
+    if ids == "none":
+        del procs["request_ids"]
+    if filtering == "top_k":
+        procs["top_k"] = torch.tensor([0, 50, V, 3000, 7, 0, 1, 4097, V + 5, 20])
+    if filtering == "top_p":
+        procs["top_p"] = torch.tensor([1.0, 0.9, 0.5, 0.99, 0.7, 1.0, 0.3, 0.95, 0.8, 0.6])
+    gpu_args = tuple(a.cuda() for a in args)
+    whole = dspark.ops.rejection_sample(*gpu_args, 5, 9, **_cuda(procs))
+    row_bytes = 2 * (G + 1) * V * 4
+    for per_chunk in (1, 3, 4):
+        monkeypatch.setenv("DSPARK_CUDA_REJECTION_WS_BYTES", str(per_chunk * row_bytes))
+        chunked = dspark.ops.rejection_sample(*gpu_args, 5, 9, **_cuda(procs))
+        assert torch.equal(chunked[0], whole[0]) and torch.equal(chunked[1], whole[1]), per_chunk
+    assert int(whole[0].sum()) > R  # runs of accepted drafts
+    # the chunks take the split kernels, as the whole batch does
+    names = kernel_names(lambda: dspark.ops.rejection_sample(*gpu_args, 5, 9, **_cuda(procs)))
+    assert "SampledMaxKernel" in names, names
