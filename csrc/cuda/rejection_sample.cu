@@ -4,11 +4,12 @@
 // Value checks that read data (verify_len range, qo_indptr consistency, temperatures, token ranges, NaN
 // logits) are CPU-only: on CUDA they would sync with the host; the kernel trusts them.
 #include <ATen/ATen.h>
-#include <algorithm>
-#include <cstdlib>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 #include "checks/rejection_sample.h"
 #include "cuda/tensor_cores.h"
@@ -142,7 +143,8 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_cuda(
     p.seed = static_cast<uint64_t>(seed);
     p.offset = static_cast<uint64_t>(offset);
     // [n, g + 1, chunks] packed (value, id) maxima of the greedy rows; the sampled rows' buffers
-    const at::Tensor best = split ? at::empty({n, G + 1, kernels::VocabChunks(V)}, dt.options()) : at::Tensor();
+    const at::Tensor best =
+        split ? at::empty({n, G + 1, kernels::VocabChunks(V)}, dt.options()) : at::Tensor();
     SampledBuffers sampled;
     if (split) sampled = sampled_buffers(n, G, V, tk.defined(), tp.defined(), dt.options());
     const kernels::SampledWork* sw = split ? &sampled.work : nullptr;
