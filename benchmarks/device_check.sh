@@ -20,12 +20,20 @@
 #   python3 -m pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0
 # and carry .whl with the command.
 #
+# Within one session's device time (15 minutes, the machine's start included) everything fits in two calls on
+# one warm machine (it stays warm 30 s after a call: send the second at once). Measured on an H100: the build
+# 90 s, pytest -m cuda about 3 min over 6 workers, bench_e2e_gpu 124 s.
+#   1. DEVICE_CHECK_BUDGET=540 DEVICE_CHECK_E2E=off bash benchmarks/device_check.sh   (timeout_s 590)
+#   2. DEVICE_CHECK_BUDGET=400 DEVICE_CHECK_REUSE_BUILD=1 DEVICE_CHECK_TESTS=off DEVICE_CHECK_BENCHES=none \
+#      DEVICE_CHECK_E2E=full bash benchmarks/device_check.sh                          (timeout_s 450)
+#
 # Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_TESTS (on / off),
 # DEVICE_CHECK_WORKERS (pytest-xdist processes, default 12), DEVICE_CHECK_TEST_TIMEOUT (seconds per test, default
 # 120), DEVICE_CHECK_E2E (auto: the full bench_e2e_gpu run when at least DEVICE_CHECK_E2E_FULL_S seconds (default
 # 200; the full run took 124 s on an H100) would be left for it, else --quick; full, quick, or off),
 # DEVICE_CHECK_E2E_ARGS (more bench_e2e_gpu arguments, e.g. --no-graphs: the full run measures eager and CUDA-graph
-# rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all eight),
+# rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all eight;
+# none for no op benchmark),
 # DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default "not graph"),
 # DEVICE_CHECK_REUSE_BUILD=1 (skip the build when /tmp/dspark-site holds one: a second call on the same warm
 # machine, e.g. DEVICE_CHECK_TESTS=off DEVICE_CHECK_E2E=off for the op benchmarks alone), DSPARK_CUDA_ARCHS
@@ -128,8 +136,12 @@ say "microbenchmarks ($(left)s left)"
 mkdir -p /tmp/dspark-bench
 : >"$OUT/bench.md"
 BENCHES="${DEVICE_CHECK_BENCHES:-paged_verify_attention markov_sample markov_sample_from_hidden rejection_sample confidence plan_verify philox_draw few_row_linear}"
+[ "$BENCHES" = none ] && BENCHES=""
+n_left=$(echo "$BENCHES" | wc -w)
 for name in $BENCHES; do
-  t=$(($(left) - 20))
+  # an equal share of what is left for each benchmark still to run, so that the last ones run too
+  t=$((($(left) - 20) / n_left))
+  n_left=$((n_left - 1))
   [ "$t" -lt 15 ] && { say "no time left for bench_$name"; continue; }
   quick=()
   [ "$t" -lt 60 ] && quick=(--quick)
