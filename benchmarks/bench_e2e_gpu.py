@@ -129,6 +129,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="CUDA: skip the second pair of engine runs with the target's forwards in CUDA graphs",
     )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="every engine run with decoder.compile(target=True): the target's norms and MLPs, the drafter's "
+        "dense modules (HF generate stays eager)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     ap.add_argument("--json", type=Path, default=None, help="write every number here")
     ap.add_argument("--sps", type=Path, default=None, help="write the measured cost table(s) here")
@@ -184,15 +190,16 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, c
     print(f"[{spec.key}] {spec.name}: built in {build_s:.1f} s", file=sys.stderr, flush=True)
     for R in args.batch:
         prompts = random_prompts(R, args.context, vocab, seed=R)
+        comp = args.compile
         with instrumented(ops=args.op_marks):
-            spec_run = run_engine(target, drafter, prompts, plan, new_tokens, clock, planner)
-            plain_run = run_engine(target, None, prompts, plain_plan, new_tokens, clock)
+            spec_run = run_engine(target, drafter, prompts, plan, new_tokens, clock, planner, False, comp)
+            plain_run = run_engine(target, None, prompts, plain_plan, new_tokens, clock, None, False, comp)
         runs = {"dspark": spec_run.sequences, "plain": plain_run.sequences}
         graphs = None
         if args.graphs and device.type == "cuda":
             with instrumented(ops=False):  # no op marks: a replayed graph does not call the ops from Python
-                g_spec = run_engine(target, drafter, prompts, plan, new_tokens, clock, planner, True)
-                g_plain = run_engine(target, None, prompts, plain_plan, new_tokens, clock, cuda_graphs=True)
+                g_spec = run_engine(target, drafter, prompts, plan, new_tokens, clock, planner, True, comp)
+                g_plain = run_engine(target, None, prompts, plain_plan, new_tokens, clock, None, True, comp)
             graphs = report.GraphRuns(
                 report.cells(g_spec.rounds), report.cells(g_plain.rounds).get(1), g_spec, g_plain
             )
@@ -229,7 +236,8 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, c
         "dtype": str(spec.dtype).removeprefix("torch."),
         "config": spec.config,
         "drafter": describe_drafter(drafter),
-        "notes": spec.notes,
+        "notes": spec.notes
+        + (["engine runs compiled: decoder.compile(target=True), HF generate eager"] if args.compile else []),
         "weights_mb": weights_mb,
         "build_s": build_s,
         "context": args.context,

@@ -102,7 +102,8 @@ timeout "$t" "$PY" -m pytest tests -m cuda -v -p no:cacheprovider -rfE --tb=shor
   >"$OUT/pytest_cuda.log" 2>&1
 rc_test=$?
 tail -4 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
-grep -E "^(FAILED|ERROR) |node down|Timeout" "$OUT/pytest_cuda.log" | cut -c1-300 | head -80 >>"$OUT/summary.txt"
+# the short summary's "FAILED test - why" lines, or, if the step was stopped first, the workers' "[gwN] FAILED" ones
+grep -E "(^|\] )(FAILED|ERROR) |node down|Timeout" "$OUT/pytest_cuda.log" | cut -c1-300 | head -80 >>"$OUT/summary.txt"
 fi
 
 # the end-to-end round: full (124 s on an H100, capped at 400 s so the op benchmarks keep some

@@ -211,6 +211,7 @@ def run_engine(
     clock: Clock,
     planner: Any = None,
     cuda_graphs: bool = False,
+    compile_models: bool = False,
 ) -> EngineRun:
     """``DSparkDecoder.generate`` (greedy, EOS ignored) of all ``prompts`` at once, round ``i`` run with verify
     length ``schedule[i][0]`` and counted when ``schedule[i][1]`` (later rounds: not counted).
@@ -218,7 +219,9 @@ def run_engine(
     With ``drafter`` None this is plain decoding through the engine (the schedule's lengths are ignored: 1).
     The drafter drafts all γ slots every round (``adaptive_slots=False``), so the draft stages cost the same at
     every verify length. ``cuda_graphs``: the target's forwards and the drafter's block forward replay from CUDA graphs (the first rounds of
-    each verify length, untimed, capture them); ``EngineRun.graphs`` then says what they did.
+    each verify length, untimed, capture them); ``EngineRun.graphs`` then says what they did. ``compile_models``:
+    ``decoder.compile(target=True)`` (the target's norms and MLPs, the drafter's dense modules; compiled in the
+    untimed first rounds, restored by ``close``).
     """
     R = len(prompts)
     device = target.device
@@ -233,6 +236,8 @@ def run_engine(
         cuda_graphs=cuda_graphs,
         **kwargs,
     )
+    if compile_models:
+        dec.compile(target=True)
     rec = Recorder(clock)
     orig_round = dec._round
     orig_append = drafter.append_context if drafter is not None else None

@@ -38,3 +38,28 @@ def test_markov_sampling_time_is_reported_separately():
     sec = out.stats.seconds
     assert sec["markov_sample"] > 0 and sec["draft"] > 0
     assert set(sec) >= {"draft", "markov_sample", "plan", "verify", "accept", "commit"}
+
+
+def test_compiled_target_keeps_greedy_output_and_close_restores_it():
+    import torch._dynamo
+
+    target = tiny_target("llama", seed=5)
+    blocks = [m for m in target.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
+    assert len(blocks) >= 2 * target.config.num_hidden_layers  # norms and MLPs of every layer
+    prompts = prompts_of([5, 13, 8], 96, seed=5)
+    want = [hf_greedy(target, p, 10) for p in prompts]
+    torch._dynamo.reset()
+    dec = DSparkDecoder(target, random_drafter(target), planner="full", max_batch_size=3).compile(target=True)
+    try:
+        assert all("forward" in vars(m) for m in blocks)
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        out = dec.generate(prompts, max_new_tokens=10, eos_token_id=[])
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+    finally:
+        dec.close()
+        torch._dynamo.reset()
+    assert out.sequences == want
+    assert graphs > 0
+    # the user's model runs its own forwards again after close (and its output is unchanged)
+    assert all("forward" not in vars(m) for m in blocks)
+    assert [hf_greedy(target, p, 10) for p in prompts] == want

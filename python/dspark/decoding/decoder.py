@@ -37,6 +37,7 @@ from dspark.decoding.stats import DSparkStats
 from dspark.decoding.stopping import StopCriteria, TextStream
 from dspark.host_sync import HostReader
 from dspark.kv import KVPoolExhausted
+from dspark.models.compiling import compile_drafter, compile_target_blocks, restore_compiled
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.drafter_graphs import DrafterGraphs
 from dspark.models.pairing import target_text_config, validate_pairing
@@ -244,6 +245,7 @@ class DSparkDecoder:
         )
         # the drafter's block forward in CUDA graphs too, with the target's buckets
         self.drafter_graphs = None
+        self._compiled_target: list[torch.nn.Module] = []  # compile(target=True); close() restores them
         if drafter is not None and self.adapter.graphs is not None:
             self.drafter_graphs = drafter.graphs = DrafterGraphs(drafter, self.adapter.graphs.buckets)
         dev = self.adapter.device  # the STS vectors move to the device once, not every round
@@ -265,13 +267,16 @@ class DSparkDecoder:
         return max(self.gamma, self.lookup_width)
 
     def close(self) -> None:
-        """Restore the target's attention implementation, free the KV caches and the CUDA graphs (idempotent)."""
+        """Restore the target's attention implementation and its compiled modules, free the KV caches and the CUDA
+        graphs (idempotent)."""
         self.adapter.close()
+        restore_compiled(self._compiled_target)
+        self._compiled_target = []
         if self.drafter_graphs is not None and self.drafter.graphs is self.drafter_graphs:
             self.drafter.graphs = None
         self.drafter_graphs = None
 
-    def compile(self, **options: Any) -> DSparkDecoder:
+    def compile(self, target: bool = False, **options: Any) -> DSparkDecoder:
         """``torch.compile`` the drafter's dense per-row work, in place; returns ``self``.
 
         Compiled (``nn.Module.compile``, so parameter names and checkpoints are unchanged): every draft layer's
@@ -279,17 +284,17 @@ class DSparkDecoder:
         the paged contexts, Markov sampling and confidence are custom ops and stay eager.
         Shapes vary with the number of requests, so ``dynamic=True`` is the default. ``options`` go to
         ``torch.compile`` (e.g. ``mode="max-autotune"``). Outputs are unchanged up to float rounding.
+
+        ``target=True`` compiles the target's RMSNorm and MLP modules too (found by class name, as the HF
+        Llama / Qwen / Mistral families name them; a model without them is left as it is): each norm becomes
+        one fused kernel instead of about six, and the MLP's activation and product one, which matters where a
+        forward is hundreds of small kernels (a GPU at small batches). :meth:`close` restores them.
         """
-        d = self.drafter
-        if d is None:
-            return self
         opts = {"dynamic": True, **options}
-        for layer in d.layers:
-            layer.input_layernorm.compile(**opts)
-            layer.post_attention_layernorm.compile(**opts)
-            layer.mlp.compile(**opts)
-        for m in (d.norm, d.fc, d.hidden_norm):
-            m.compile(**opts)
+        if target:
+            self._compiled_target += compile_target_blocks(self.target, opts)
+        if self.drafter is not None:
+            compile_drafter(self.drafter, opts)
         return self
 
     def generate(

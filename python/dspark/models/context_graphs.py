@@ -70,7 +70,7 @@ class ContextGraphs:
     def run(self, features: Tensor, slots: Tensor, positions: Tensor) -> bool:
         """Append ``features`` ``(n, m·H)`` (on the drafter's device and dtype) at ``slots`` and ``positions``
         ``(n,)`` int64 on the host, already allocated in the contexts. False when the capture failed: the caller
-        then appends them eagerly (nothing was written)."""
+        then appends them eagerly (the capture's warm-up may have written the same rows already)."""
         n_b = self._bucket(features.shape[0])
         # the caches' addresses are in the graphs: reallocated caches (the pool grew) drop them
         self._graphs.follow(self.drafter.contexts.k[0], 0, self._no_pages)
