@@ -104,9 +104,9 @@ class PagedContexts:
             self.finish(rid)
 
     # ---- rows ----------------------------------------------------------------------------------------------
-    def append_slots(self, rid: int, n: int) -> Tensor:
-        """Extend ``rid`` by ``n`` rows and return their slots ``(n,)`` int64 on the host (caches grown to fit)."""
-        slots = self.pool.append_slots(rid, n)
+    def append_slots(self, rid: int, n: int) -> list[int]:
+        """Extend ``rid`` by ``n`` rows and return their slots (host ints; caches grown to fit)."""
+        slots = self.pool.append_slot_list(rid, n)
         self._grow()
         return slots
 
@@ -144,7 +144,7 @@ class PagedContexts:
         """Append ``g`` scratch rows to each request (after its context) for a round's block and return the
         ``R · g`` block slots in request order (host ints); the batch's page index then covers context + block
         (:meth:`host_index`). :meth:`close_block` drops them."""
-        slots = [s for rid in rids for s in self.pool.append_slots(rid, g).tolist()]
+        slots = [s for rid in rids for s in self.pool.append_slot_list(rid, g)]
         self._grow()
         return slots
 

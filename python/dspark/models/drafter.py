@@ -440,7 +440,10 @@ class DSparkDrafter(DraftSteps, nn.Module):
         if not n:
             return
         starts = [store.next_position(rid) for rid in ids]
-        slots = torch.cat([store.append_slots(rid, k) for rid, k in zip(ids, counts, strict=True)])
+        slots = torch.tensor(
+            [s for rid, k in zip(ids, counts, strict=True) for s in store.append_slots(rid, k)],
+            dtype=torch.int64,
+        )
         pos = torch.cat([torch.arange(s, s + k) for s, k in zip(starts, counts, strict=True)])
         if graphs is not None and graphs.run(feats, slots, pos):
             return
