@@ -484,12 +484,12 @@ def commit(engine: Engine, call: CallState, r: RoundState) -> None:
         engine.adapter.truncate(req.rid, committed_len)
         kept = req.commit(r.tokens_host[i][: a + 1])  # extends the request's lookup index too
         emitted.append(len(kept))
-        learn_acceptance(engine, r, i, kept)
+        learn_acceptance(engine, r, i, kept, lens[i])
         if not req.done:
             cont.append(req)
             cont_rows.append((r.target.qo_indptr[i], a + 1))
     if call.drafting and cont:  # the committed rows' target features, gathered in one index
-        rows = torch.cat([torch.arange(s, s + n) for s, n in cont_rows])
+        rows = torch.tensor([s + j for s, n in cont_rows for j in range(n)], dtype=torch.int64)
         feats = target_features(engine, r.target, rows).split([n for _, n in cont_rows])
         for req, f in zip(cont, feats, strict=True):
             req.pending_context.append(f)
@@ -514,7 +514,7 @@ def feed_pending_context(engine: Engine, requests: list[Request]) -> None:
             req.pending_context.clear()
 
 
-def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int]) -> None:
+def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int], verify_len: int) -> None:
     """Update the acceptance tables from request ``i``'s committed tokens: the lookup's from what its proposal
     would have matched (whichever block was verified: the committed tokens follow the target's law), the
     drafter's from its verified block."""
@@ -522,8 +522,8 @@ def learn_acceptance(engine: Engine, r: RoundState, i: int, kept: list[int]) -> 
         engine.lookup_acceptance.observe_continuation(r.lookup.classes[i], r.lookup.proposals[i], kept)
     lookup_row = r.one_hot_host is not None and r.one_hot_host[i]
     if r.run_drafter and not lookup_row:
-        engine.draft_acceptance.observe(DRAFTER_CLASS, int(r.verify_len[i]) - 1, r.accepted_host[i])
-        engine.drafter_yield.observe(len(kept), int(r.verify_len[i]))
+        engine.draft_acceptance.observe(DRAFTER_CLASS, verify_len - 1, r.accepted_host[i])
+        engine.drafter_yield.observe(len(kept), verify_len)
 
 
 def sources(r: RoundState) -> list[str] | None:

@@ -444,7 +444,9 @@ class DSparkDrafter(DraftSteps, nn.Module):
             [s for rid, k in zip(ids, counts, strict=True) for s in store.append_slots(rid, k)],
             dtype=torch.int64,
         )
-        pos = torch.cat([torch.arange(s, s + k) for s, k in zip(starts, counts, strict=True)])
+        pos = torch.tensor(
+            [s + j for s, k in zip(starts, counts, strict=True) for j in range(k)], dtype=torch.int64
+        )
         if graphs is not None and graphs.run(feats, slots, pos):
             return
         if ctx_rows is None:  # the graph's capture failed: these rows run eagerly
