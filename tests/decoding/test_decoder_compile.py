@@ -1,29 +1,39 @@
 # SPDX-License-Identifier: Apache-2.0
-"""decoder.compile(): the compiled drafter gives the same greedy output; the Markov sampling time is its own bucket."""
+"""decoder.compile(): the compiled drafter (and, with ``target=True``, the target's norms and MLPs) gives the
+same greedy output, and ``close`` gives the user's model back as it was; the Markov sampling time is its own
+bucket."""
+
+import torch._dynamo
 
 from dspark import DSparkDecoder
 from tests.decoding.test_decoder import hf_greedy, prompts_of
 from tests.decoding.toy_models import random_drafter, tiny_target
 
+PROMPTS = prompts_of([5, 13, 8], 96, seed=5)
 
-def test_compiled_drafter_keeps_greedy_output_and_parameter_names():
-    import torch._dynamo
 
-    target = tiny_target("llama", seed=5)
-    drafter = random_drafter(target)
-    names = sorted(drafter.state_dict())
-    prompts = prompts_of([5, 13, 8], 96, seed=5)
-    want = [hf_greedy(target, p, 10) for p in prompts]
+def _compiled_generate(model, drafter, check=lambda: None, **compile_kw):
+    """Greedy tokens of a compiled decoder and the graphs dynamo compiled for them; ``check`` runs before the
+    decoder is closed."""
     torch._dynamo.reset()
-    dec = DSparkDecoder(target, drafter, planner="full", max_batch_size=3).compile()
+    dec = DSparkDecoder(model, drafter, planner="full", max_batch_size=3).compile(**compile_kw)
     try:
+        check()
         before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        out = dec.generate(prompts, max_new_tokens=10, eos_token_id=[])
-        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+        out = dec.generate(PROMPTS, max_new_tokens=10, eos_token_id=[])
+        return out.sequences, torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
     finally:
         dec.close()
         torch._dynamo.reset()
-    assert out.sequences == want
+
+
+def test_compiled_drafter_keeps_greedy_output_and_parameter_names():
+    target = tiny_target("llama", seed=5)
+    drafter = random_drafter(target)
+    names = sorted(drafter.state_dict())
+    want = [hf_greedy(target, p, 10) for p in PROMPTS]
+    got, graphs = _compiled_generate(target, drafter)
+    assert got == want
     assert graphs > 0  # the drafter's modules really went through the compiler
     assert sorted(drafter.state_dict()) == names
 
@@ -41,25 +51,16 @@ def test_markov_sampling_time_is_reported_separately():
 
 
 def test_compiled_target_keeps_greedy_output_and_close_restores_it():
-    import torch._dynamo
-
     target = tiny_target("llama", seed=5)
     blocks = [m for m in target.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
     assert len(blocks) >= 2 * target.config.num_hidden_layers  # norms and MLPs of every layer
-    prompts = prompts_of([5, 13, 8], 96, seed=5)
-    want = [hf_greedy(target, p, 10) for p in prompts]
-    torch._dynamo.reset()
-    dec = DSparkDecoder(target, random_drafter(target), planner="full", max_batch_size=3).compile(target=True)
-    try:
+    want = [hf_greedy(target, p, 10) for p in PROMPTS]
+
+    def compiled_while_open():
         assert all("forward" in vars(m) for m in blocks)
-        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        out = dec.generate(prompts, max_new_tokens=10, eos_token_id=[])
-        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
-    finally:
-        dec.close()
-        torch._dynamo.reset()
-    assert out.sequences == want
-    assert graphs > 0
+
+    got, graphs = _compiled_generate(target, random_drafter(target), compiled_while_open, target=True)
+    assert got == want and graphs > 0
     # the user's model runs its own forwards again after close (and its output is unchanged)
     assert all("forward" not in vars(m) for m in blocks)
-    assert [hf_greedy(target, p, 10) for p in prompts] == want
+    assert [hf_greedy(target, p, 10) for p in PROMPTS] == want

@@ -11,16 +11,15 @@ tests/decoding/test_decoder_cuda_graphs.py replays the captured graphs in the de
 
 from __future__ import annotations
 
-import copy
 import random
 
 import pytest
 import torch
 
 from dspark.models.context_graphs import ContextGraphs
-from dspark.models.drafter_graphs import DrafterGraphs
 from dspark.models.target_graphs import GraphBuckets
-from tests.training.test_copy_channel import V2, _drafter, _perturb_inputs, frozen_target
+from tests.models.test_drafter_graphs import _pair as drafter_pair
+from tests.training.test_copy_channel import frozen_target
 
 ATOL = 1e-5  # the padded GEMMs have more rows than the eager ones: same products, possibly other blocking
 BUCKETS = GraphBuckets(requests=(1, 2, 4), tokens=(1, 2, 4, 8, 16, 64, 128))
@@ -32,12 +31,7 @@ def target():
 
 
 def _pair(target, v2: bool):
-    d = _drafter(target, **V2) if v2 else _drafter(target)
-    if v2:
-        _perturb_inputs(d)
-    graphed = copy.deepcopy(d)
-    graphed.graphs = DrafterGraphs(graphed, BUCKETS, capture=False)
-    return d, graphed
+    return drafter_pair(target, v2, BUCKETS)
 
 
 def _append_rounds(plain, graphed, seed: int, rounds: int = 12) -> None:

@@ -31,12 +31,13 @@ def target():
     return frozen_target()
 
 
-def _pair(target, v2: bool):
+def _pair(target, v2: bool, buckets: GraphBuckets = BUCKETS):
+    """A drafter (with the v2 inputs perturbed, or DeepSpec's) and a copy whose graphs run padded."""
     d = _drafter(target, **V2) if v2 else _drafter(target)
     if v2:
         _perturb_inputs(d)
     graphed = copy.deepcopy(d)
-    graphed.graphs = DrafterGraphs(graphed, BUCKETS, capture=False)
+    graphed.graphs = DrafterGraphs(graphed, buckets, capture=False)
     return d, graphed
 
 
