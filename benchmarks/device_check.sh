@@ -8,6 +8,7 @@
 #   3. the end-to-end round benchmark (bench_e2e_gpu.py: random SmolLM2-135M- and Qwen3-8B-shaped targets,
 #      per-stage CUDA-event times, HF generate baselines, eager vs CUDA-graph rounds, greedy canary), the full run when enough of the budget
 #      is left, else its --quick run;
+#      then bench_round_profile.py (the device's busy share of a graphed round and its top kernels);
 #   4. the per-op microbenchmarks with --device cuda, while the time budget lasts;
 #   5. compute-sanitizer memcheck over the CUDA op tests, if time is left.
 # writing eight files under $OUT, the most a device run returns: summary.txt, build.log (the machine, then the
@@ -34,6 +35,7 @@
 # DEVICE_CHECK_E2E_ARGS (more bench_e2e_gpu arguments, e.g. --no-graphs: the full run measures eager and CUDA-graph
 # rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all eight;
 # none for no op benchmark),
+# DEVICE_CHECK_PROFILE (on / off: bench_round_profile after bench_e2e_gpu),
 # DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default "not graph"),
 # DEVICE_CHECK_REUSE_BUILD=1 (skip the build when /tmp/dspark-site holds one: a second call on the same warm
 # machine, e.g. DEVICE_CHECK_TESTS=off DEVICE_CHECK_E2E=off for the op benchmarks alone), DSPARK_CUDA_ARCHS
@@ -131,6 +133,16 @@ else
   [ "$rc_e2e" -ne 0 ] &&
     say "bench_e2e_gpu FAILED or timed out (exit $rc_e2e: 1 a failed greedy canary or an error, 124 out of time)"
   grep -E "^(## |total wall time|!!!|greedy canary)" "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
+  # where a graphed round's device time goes (busy share, top kernels), appended to e2e_gpu.md
+  t=$(($(left) - 20))
+  if [ "$BENCH_DEVICE" = cuda ] && [ "${DEVICE_CHECK_PROFILE:-on}" = on ] && [ "$t" -ge 60 ]; then
+    [ "$t" -gt 120 ] && t=120
+    say "bench_round_profile (${t}s)"
+    { echo; echo "# bench_round_profile"; } >>"$OUT/e2e_gpu.md"
+    timeout "$t" "$PY" benchmarks/bench_round_profile.py --device cuda >>"$OUT/e2e_gpu.md" 2>&1 ||
+      say "bench_round_profile FAILED or timed out"
+    grep -E "^R = " "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
+  fi
 fi
 
 say "microbenchmarks ($(left)s left)"
