@@ -39,7 +39,9 @@ from benchmarks.e2e_gpu.timing import kv_pages  # noqa: E402
 from dspark import DSparkDecoder  # noqa: E402
 
 VERIFY_LEN = 4
-SKIPPED_ROUNDS = 2  # after the prefill: the rounds that capture the graphs of this batch size
+SKIPPED_ROUNDS = (
+    2  # the prefill and the first round (which captures this batch size's graphs) are not profiled
+)
 
 
 def device_intervals(events: list[Any]) -> list[tuple[float, float, str]]:
@@ -83,12 +85,16 @@ def profile_rounds(dec: DSparkDecoder, prompts: list[list[int]], rounds: int, de
     dec._round = round_
     try:
         with prof:
-            dec.generate(prompts, max_new_tokens=SKIPPED_ROUNDS + rounds + 4, eos_token_id=[])
+            dec.generate(prompts, max_new_tokens=SKIPPED_ROUNDS + rounds + 6, eos_token_id=[])
     finally:
         del dec._round
-    timed = wall[SKIPPED_ROUNDS : SKIPPED_ROUNDS + rounds]  # the active steps (warm-up step excluded below)
+    # profiler steps: 0 the prefill, 1 .. SKIPPED_ROUNDS - 1 the first rounds (skipped), then one warm-up round,
+    # then the `rounds` profiled ones: wall[i] is round i + 1
+    timed = wall[SKIPPED_ROUNDS : SKIPPED_ROUNDS + rounds]
+    if len(timed) < rounds:
+        raise SystemExit(f"bench_round_profile: {len(timed)} of {rounds} rounds ran (drafts were accepted?)")
     events = list(prof.events())
-    out: dict[str, Any] = {"rounds": rounds, "round_ms": 1e3 * sum(timed[1:]) / max(1, len(timed) - 1)}
+    out: dict[str, Any] = {"rounds": rounds, "round_ms": 1e3 * sum(timed) / rounds}
     per: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     if device == "cuda":
