@@ -29,9 +29,10 @@
 #      DEVICE_CHECK_E2E=full bash benchmarks/device_check.sh                          (timeout_s 450)
 #
 # Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_TESTS (on / off),
-# DEVICE_CHECK_WORKERS (pytest-xdist processes, default 12), DEVICE_CHECK_TEST_TIMEOUT (seconds per test, default
-# 120), DEVICE_CHECK_E2E (auto: the full bench_e2e_gpu run when at least DEVICE_CHECK_E2E_FULL_S seconds (default
-# 200; the full run took 124 s on an H100) would be left for it, else --quick; full, quick, or off),
+# DEVICE_CHECK_WORKERS (pytest-xdist processes, default 8), DEVICE_CHECK_TEST_TIMEOUT (seconds per test, default
+# 240: a capture-heavy graph test over 8 workers on one GPU may take minutes), DEVICE_CHECK_E2E (auto: the
+# full bench_e2e_gpu run when at least DEVICE_CHECK_E2E_FULL_S seconds (default 200; the full run took 124 s on an
+# H100) would be left for it, else --quick; full, quick, or off),
 # DEVICE_CHECK_E2E_ARGS (more bench_e2e_gpu arguments, e.g. --no-graphs: the full run measures eager and CUDA-graph
 # rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all eight;
 # none for no op benchmark),
@@ -96,9 +97,9 @@ say "pytest -m cuda ($(left)s left)"
 # stop any one test after DEVICE_CHECK_TEST_TIMEOUT seconds where pytest-timeout is (a hanging kernel then fails
 # its own test instead of the whole step)
 par=()
-"$PY" -c "import xdist" 2>/dev/null && par+=(-n "${DEVICE_CHECK_WORKERS:-12}")
+"$PY" -c "import xdist" 2>/dev/null && par+=(-n "${DEVICE_CHECK_WORKERS:-8}")
 "$PY" -c "import pytest_timeout" 2>/dev/null &&
-  par+=(--timeout "${DEVICE_CHECK_TEST_TIMEOUT:-120}" --timeout-method thread)
+  par+=(--timeout "${DEVICE_CHECK_TEST_TIMEOUT:-240}" --timeout-method thread)
 t=$(($(left) - 60)); [ "$t" -lt 30 ] && t=30
 timeout "$t" "$PY" -m pytest tests -m cuda -v -p no:cacheprovider -rfE --tb=short --durations=10 "${par[@]}" \
   >"$OUT/pytest_cuda.log" 2>&1
