@@ -8,7 +8,8 @@
 #   3. the end-to-end round benchmark (bench_e2e_gpu.py: random SmolLM2-135M- and Qwen3-8B-shaped targets,
 #      per-stage CUDA-event times, HF generate baselines, eager vs CUDA-graph rounds, greedy canary), the full run when enough of the budget
 #      is left, else its --quick run;
-#      then bench_round_profile.py (the device's busy share of a graphed round and its top kernels);
+#      then bench_round_profile.py (the device's busy share of a graphed round and its top kernels) and
+#      bench_compile_target.py --graphs (decoder.compile(target=True) against eager, both in CUDA graphs);
 #   4. the per-op microbenchmarks with --device cuda, while the time budget lasts;
 #   5. compute-sanitizer memcheck over the CUDA op tests, if time is left.
 # writing eight files under $OUT, the most a device run returns: summary.txt, build.log (the machine, then the
@@ -21,12 +22,13 @@
 #   python3 -m pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0
 # and carry .whl with the command.
 #
-# Within one session's device time (15 minutes, the machine's start included) everything fits in two calls on
-# one warm machine (it stays warm 30 s after a call: send the second at once). Measured on an H100: the build
-# 90 s, pytest -m cuda about 3 min over 6 workers, bench_e2e_gpu 124 s.
-#   1. DEVICE_CHECK_BUDGET=540 DEVICE_CHECK_E2E=off bash benchmarks/device_check.sh   (timeout_s 590)
-#   2. DEVICE_CHECK_BUDGET=400 DEVICE_CHECK_REUSE_BUILD=1 DEVICE_CHECK_TESTS=off DEVICE_CHECK_BENCHES=none \
-#      DEVICE_CHECK_E2E=full bash benchmarks/device_check.sh                          (timeout_s 450)
+# Within one session's device time (15 minutes, the machine's start of 1-2 minutes included) everything but the
+# memcheck fits in two calls on one warm machine (it stays warm 30 s after a call: send the second at once).
+# Measured on an H100: the build 90 s, pytest -m cuda about 3.5 min over 6 workers, bench_e2e_gpu 124 s.
+#   1. DEVICE_CHECK_BUDGET=480 DEVICE_CHECK_E2E=off bash benchmarks/device_check.sh   (timeout_s 520)
+#   2. DEVICE_CHECK_BUDGET=250 DEVICE_CHECK_REUSE_BUILD=1 DEVICE_CHECK_TESTS=off DEVICE_CHECK_BENCHES=none \
+#      DEVICE_CHECK_E2E=full bash benchmarks/device_check.sh                          (timeout_s 280)
+# (the second runs bench_e2e_gpu, bench_round_profile, and bench_compile_target if a minute is left).
 #
 # Environment: DEVICE_CHECK_BUDGET (seconds for the whole script, default 420), DEVICE_CHECK_TESTS (on / off),
 # DEVICE_CHECK_WORKERS (pytest-xdist processes, default 8), DEVICE_CHECK_TEST_TIMEOUT (seconds per test, default
@@ -36,7 +38,8 @@
 # DEVICE_CHECK_E2E_ARGS (more bench_e2e_gpu arguments, e.g. --no-graphs: the full run measures eager and CUDA-graph
 # rounds, two more engine runs per batch size), DEVICE_CHECK_BENCHES (the ops to benchmark, default all eight;
 # none for no op benchmark),
-# DEVICE_CHECK_PROFILE (on / off: bench_round_profile after bench_e2e_gpu),
+# DEVICE_CHECK_PROFILE, DEVICE_CHECK_COMPILE (on / off: bench_round_profile, bench_compile_target after
+# bench_e2e_gpu),
 # DEVICE_CHECK_MEMCHECK_K (pytest -k expression for the memcheck run, default "not graph"),
 # DEVICE_CHECK_REUSE_BUILD=1 (skip the build when /tmp/dspark-site holds one: a second call on the same warm
 # machine, e.g. DEVICE_CHECK_TESTS=off DEVICE_CHECK_E2E=off for the op benchmarks alone), DSPARK_CUDA_ARCHS
@@ -143,6 +146,16 @@ else
     timeout "$t" "$PY" benchmarks/bench_round_profile.py --device cuda >>"$OUT/e2e_gpu.md" 2>&1 ||
       say "bench_round_profile FAILED or timed out"
     grep -E "^R = " "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
+  fi
+  # the target's norms and MLPs compiled, against eager, both in CUDA graphs (decoder.compile(target=True))
+  t=$(($(left) - 20))
+  if [ "$BENCH_DEVICE" = cuda ] && [ "${DEVICE_CHECK_COMPILE:-on}" = on ] && [ "$t" -ge 60 ]; then
+    [ "$t" -gt 150 ] && t=150
+    say "bench_compile_target (${t}s)"
+    { echo; echo "# bench_compile_target"; } >>"$OUT/e2e_gpu.md"
+    timeout "$t" "$PY" benchmarks/bench_compile_target.py --device cuda --graphs --batch 1 32 --repeats 2 \
+      >>"$OUT/e2e_gpu.md" 2>&1 || say "bench_compile_target FAILED or timed out"
+    grep -E "^\| [AB] \|" "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
   fi
 fi
 
