@@ -5,7 +5,7 @@ all_finite / sanitized flag and neutralise non-finite logits without a read."""
 import pytest
 import torch
 
-from dspark.host_sync import HostReader, all_finite, sanitized, to_device
+from dspark.host_sync import HostReader, all_finite, cat_to_device, sanitized, to_device
 
 
 def _check(device):
@@ -55,6 +55,17 @@ def test_to_device_on_cuda_copies_without_a_sync():
         torch.cuda.set_sync_debug_mode(0)
     assert y.device.type == "cuda" and z.device.type == "cuda"
     assert y.cpu().tolist() == list(range(1000)) and z.cpu().tolist() == list(range(7))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_cat_to_device_joins_host_parts_and_device_parts(device):
+    parts = [torch.arange(3), torch.arange(10, 14), torch.arange(20, 21)]
+    want = torch.cat(parts).tolist()
+    assert cat_to_device(parts, device).tolist() == want
+    assert cat_to_device([p.to(device) for p in parts], device).tolist() == want
+    mixed = [parts[0], parts[1].to(device), parts[2]]  # some on the host, some already there
+    got = cat_to_device(mixed, device)
+    assert got.device.type == device and got.tolist() == want
 
 
 def _finite_cases(device):

@@ -44,6 +44,14 @@ def to_device(
     return t.to(dev)
 
 
+def cat_to_device(parts: Sequence[Tensor], device: torch.device | str) -> Tensor:
+    """``torch.cat(parts)`` on ``device``: host parts in one pinned copy for the batch rather than one per part
+    (a batch's per-request ids or positions), parts already on one device where they are."""
+    if len({t.device for t in parts}) == 1:
+        return to_device(torch.cat(list(parts)), device)
+    return torch.cat([to_device(t, device) for t in parts])
+
+
 def all_finite(x: Tensor) -> Tensor:
     """0-d bool tensor on ``x``'s device: no NaN, +inf or -inf in ``x`` (nothing is read).
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dspark.host_sync import to_device
+from dspark.host_sync import cat_to_device, to_device
 from dspark.kv import PagePool
 from dspark.kv.pool import grow_pages
 from dspark.models.cpu_linear import few_row_linears, plain_linears
@@ -450,7 +450,7 @@ class TargetAdapter:
         dev = self.device
         index = self.pool.batch_index(rids, device=dev)
         logits, captured = self.call_model(
-            batch_tokens(tokens, dev)[None],
+            cat_to_device(tokens, dev)[None],  # a prefill's host ids in one copy; a verify's drafts stay
             to_device(torch.cat(positions), dev)[None],
             to_device(torch.cat(rows), dev),
             layers,
@@ -497,11 +497,3 @@ class TargetAdapter:
             for h in handles:
                 h.remove()
         return out.logits[0], captured
-
-
-def batch_tokens(tokens: list[Tensor], device: torch.device) -> Tensor:
-    """The requests' token ids ``(n_i,)`` concatenated on ``device``: host ids in one pinned copy for the batch
-    (a prefill's prompts), ids already on a device (a verify block's drafts) where they are."""
-    if len({t.device for t in tokens}) == 1:
-        return to_device(torch.cat(tokens), device)
-    return torch.cat([to_device(t, device) for t in tokens])

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dspark.host_sync import to_device
+from dspark.host_sync import cat_to_device, to_device
 from dspark.ops import paged_verify_attention_split_base
 
 DEFAULT_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -276,7 +276,7 @@ class TargetGraphs:
         copy_in(self.slot_mapping[:t_b], padded.slot_mapping)
         dev = self.adapter.device
         for buf, parts in ((self.input_ids, tokens), (self.position_ids, positions)):  # host or device rows
-            buf[0, :T].copy_(torch.cat([to_device(t, dev) for t in parts]))
+            buf[0, :T].copy_(cat_to_device(parts, dev))  # one pinned copy of the host positions, not R
             buf[0, T:t_b].zero_()
 
     def _forward(self, key, layers) -> tuple[Tensor, dict[int, Tensor]]:
