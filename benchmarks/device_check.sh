@@ -112,6 +112,19 @@ tail -4 "$OUT/pytest_cuda.log" | tee -a "$OUT/summary.txt"
 grep -E "(^|\] )(FAILED|ERROR) |node down|Timeout" "$OUT/pytest_cuda.log" | cut -c1-300 | head -80 >>"$OUT/summary.txt"
 fi
 
+# after_e2e NAME CAP SWITCH PATTERN ARGS...: benchmarks/NAME.py ARGS, appended to e2e_gpu.md (its lines matching
+# PATTERN to the summary), on CUDA, when SWITCH is on and a minute is left; at most CAP seconds
+after_e2e() {
+  local name=$1 cap=$2 switch=$3 pattern=$4 t=$(($(left) - 20))
+  shift 4
+  { [ "$BENCH_DEVICE" = cuda ] && [ "$switch" = on ] && [ "$t" -ge 60 ]; } || return 0
+  [ "$t" -gt "$cap" ] && t=$cap
+  say "$name (${t}s)"
+  { echo; echo "# $name"; } >>"$OUT/e2e_gpu.md"
+  timeout "$t" "$PY" "benchmarks/$name.py" "$@" >>"$OUT/e2e_gpu.md" 2>&1 || say "$name FAILED or timed out"
+  grep -E "$pattern" "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
+}
+
 # the end-to-end round: full (124 s on an H100, capped at 400 s so the op benchmarks keep some
 # time) when enough is left, else the quick run (a scaled-down model, seconds); a CPU rehearsal runs quick
 E2E="${DEVICE_CHECK_E2E:-auto}"
@@ -137,26 +150,11 @@ else
   [ "$rc_e2e" -ne 0 ] &&
     say "bench_e2e_gpu FAILED or timed out (exit $rc_e2e: 1 a failed greedy canary or an error, 124 out of time)"
   grep -E "^(## |total wall time|!!!|greedy canary)" "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
-  # where a graphed round's device time goes (busy share, top kernels), appended to e2e_gpu.md
-  t=$(($(left) - 20))
-  if [ "$BENCH_DEVICE" = cuda ] && [ "${DEVICE_CHECK_PROFILE:-on}" = on ] && [ "$t" -ge 60 ]; then
-    [ "$t" -gt 120 ] && t=120
-    say "bench_round_profile (${t}s)"
-    { echo; echo "# bench_round_profile"; } >>"$OUT/e2e_gpu.md"
-    timeout "$t" "$PY" benchmarks/bench_round_profile.py --device cuda >>"$OUT/e2e_gpu.md" 2>&1 ||
-      say "bench_round_profile FAILED or timed out"
-    grep -E "^R = " "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
-  fi
-  # the target's norms and MLPs compiled, against eager, both in CUDA graphs (decoder.compile(target=True))
-  t=$(($(left) - 20))
-  if [ "$BENCH_DEVICE" = cuda ] && [ "${DEVICE_CHECK_COMPILE:-on}" = on ] && [ "$t" -ge 60 ]; then
-    [ "$t" -gt 150 ] && t=150
-    say "bench_compile_target (${t}s)"
-    { echo; echo "# bench_compile_target"; } >>"$OUT/e2e_gpu.md"
-    timeout "$t" "$PY" benchmarks/bench_compile_target.py --device cuda --graphs --batch 1 32 --repeats 2 \
-      >>"$OUT/e2e_gpu.md" 2>&1 || say "bench_compile_target FAILED or timed out"
-    grep -E "^\| [AB] \|" "$OUT/e2e_gpu.md" | tee -a "$OUT/summary.txt"
-  fi
+  # where a graphed round's device time goes (busy share, top kernels); the target's norms and MLPs compiled
+  # against eager, both in CUDA graphs (decoder.compile(target=True))
+  after_e2e bench_round_profile 120 "${DEVICE_CHECK_PROFILE:-on}" "^R = " --device cuda
+  after_e2e bench_compile_target 150 "${DEVICE_CHECK_COMPILE:-on}" "^\| [AB] \|" \
+    --device cuda --graphs --batch 1 32 --repeats 2
 fi
 
 say "microbenchmarks ($(left)s left)"
