@@ -192,14 +192,35 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, c
         prompts = random_prompts(R, args.context, vocab, seed=R)
         comp = args.compile
         with instrumented(ops=args.op_marks):
-            spec_run = run_engine(target, drafter, prompts, plan, new_tokens, clock, planner, False, comp)
-            plain_run = run_engine(target, None, prompts, plain_plan, new_tokens, clock, None, False, comp)
+            spec_run = run_engine(
+                target, drafter, prompts, plan, new_tokens, clock, planner, compile_models=comp
+            )
+            plain_run = run_engine(target, None, prompts, plain_plan, new_tokens, clock, compile_models=comp)
         runs = {"dspark": spec_run.sequences, "plain": plain_run.sequences}
         graphs = None
         if args.graphs and device.type == "cuda":
             with instrumented(ops=False):  # no op marks: a replayed graph does not call the ops from Python
-                g_spec = run_engine(target, drafter, prompts, plan, new_tokens, clock, planner, True, comp)
-                g_plain = run_engine(target, None, prompts, plain_plan, new_tokens, clock, None, True, comp)
+                g_spec = run_engine(
+                    target,
+                    drafter,
+                    prompts,
+                    plan,
+                    new_tokens,
+                    clock,
+                    planner,
+                    cuda_graphs=True,
+                    compile_models=comp,
+                )
+                g_plain = run_engine(
+                    target,
+                    None,
+                    prompts,
+                    plain_plan,
+                    new_tokens,
+                    clock,
+                    cuda_graphs=True,
+                    compile_models=comp,
+                )
             graphs = report.GraphRuns(
                 report.cells(g_spec.rounds), report.cells(g_plain.rounds).get(1), g_spec, g_plain
             )

@@ -23,7 +23,6 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark  # noqa: E402
-from benchmarks.common import Row, Timing, parse_args, report, time_fn, time_fn_with_env  # noqa: E402
+from benchmarks.common import Row, parse_args, report, time_fn, time_fn_with_env  # noqa: E402
 from benchmarks.inputs import paged_inputs  # noqa: E402
 from dspark.reference import gather_request_kv  # noqa: E402
 
@@ -55,12 +54,6 @@ def gather_sdpa(q, k_cache, v_cache, qo, kvp, idx, last, scale, causal=True):
         )
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
-
-
-def timed(fn: Callable[[], object], device: str, budget: float, env: tuple[str, str] | None = None) -> Timing:
-    if env is not None:
-        return time_fn_with_env(env[0], env[1], fn, device, budget)
-    return time_fn(fn, device, budget)
 
 
 def main() -> None:
@@ -110,11 +103,11 @@ def main() -> None:
                 ref = gather_sdpa(*inputs, scale, True)
                 tol = 2e-5 if dtype == torch.float32 else 2e-2
                 torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
-                t_op = timed(op, args.device, budget)
-                t_ref = timed(lambda i=inputs, s=scale: gather_sdpa(*i, s, True), args.device, budget)
+                t_op = time_fn(op, args.device, budget)
+                t_ref = time_fn(lambda i=inputs, s=scale: gather_sdpa(*i, s, True), args.device, budget)
                 extra = {}
                 if not cuda:  # the vector loops against the scalar ones
-                    t_scalar = timed(op, args.device, budget, ("DSPARK_CPU_SIMD", "0"))
+                    t_scalar = time_fn_with_env("DSPARK_CPU_SIMD", "0", op, args.device, budget)
                     extra = {
                         "scalar loops (us)": t_scalar.median_us,
                         "vector vs scalar": t_scalar.median_us / t_op.median_us,
@@ -123,7 +116,7 @@ def main() -> None:
                     qo = [0, *torch.tensor(n_q).cumsum(0).tolist()]
                     plan = dspark.ops.paged_verify_attention_split_base(qo)
                     plan = torch.tensor(plan, dtype=torch.int32, device=args.device)
-                    t_plan = timed(
+                    t_plan = time_fn(
                         lambda i=inputs, s=scale, b=plan: dspark.ops.paged_verify_attention(*i, s, True, b),
                         args.device,
                         budget,
@@ -133,7 +126,7 @@ def main() -> None:
                         "planned per call vs given": t_op.median_us / t_plan.median_us,
                     }
                 if cuda and dtype != torch.float32:  # tensor cores against CUDA cores
-                    t_cores = timed(op, args.device, budget, ("DSPARK_CUDA_TENSOR_CORES", "0"))
+                    t_cores = time_fn_with_env("DSPARK_CUDA_TENSOR_CORES", "0", op, args.device, budget)
                     extra |= {
                         "CUDA-core kernel (us)": t_cores.median_us,
                         "tensor vs CUDA cores": t_cores.median_us / t_op.median_us,

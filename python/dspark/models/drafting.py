@@ -22,6 +22,7 @@ from dspark.models.context import PagedContexts
 from dspark.models.cpu_linear import few_row_linears
 from dspark.models.draft_vocab import expand_to_vocab
 from dspark.models.drafter_graphs import DrafterGraphs
+from dspark.models.drafter_head_graphs import DraftHeadGraphs
 from dspark.models.heads import MarkovSample, VanillaMarkovHead, sample_without_markov
 from dspark.ops import paged_verify_attention
 
@@ -86,6 +87,11 @@ class DraftSteps:
     fuse_lm_head: bool = True  # see lm_head_fused
     fused_lm_head_devices: tuple[str, ...] = ("cuda",)  # where the fused op pays (tests add "cpu")
 
+    @property
+    def _head_graphs(self) -> DraftHeadGraphs | None:
+        """The CUDA graphs of the draw and the confidence step (``DrafterGraphs.heads``), or None."""
+        return None if self.graphs is None else self.graphs.heads
+
     def lm_head_fused(self, hidden: Tensor) -> bool:
         """Whether a draft of ``hidden`` ``(R, g, H)`` runs the LM head inside the Markov draw
         (``dspark.ops.markov_sample_from_hidden``: ``U`` for every slot and the first slot's draw in one GEMM
@@ -126,7 +132,7 @@ class DraftSteps:
         """Whether :meth:`propose` leaves ``U`` to :meth:`sample`: where the LM head is fused with the draw
         (:meth:`lm_head_fused`), and where the sampling step is replayed from a CUDA graph that runs the LM head
         too (``DrafterGraphs.heads``; a round it cannot replay computes ``U`` eagerly in :meth:`sample`)."""
-        heads = None if self.graphs is None else self.graphs.heads
+        heads = self._head_graphs
         return self.lm_head_fused(hidden) or (heads is not None and heads.active)
 
     def block_forward(
@@ -300,7 +306,7 @@ class DraftSteps:
         vocabulary leaves it over that vocabulary ``(R, g, V')`` (:meth:`whole_vocab_logits` widens it later,
         where a caller needs ``q`` at all: greedy verification reads none).
         """
-        heads = None if self.graphs is None else self.graphs.heads
+        heads = self._head_graphs
         s = None if heads is None else heads.sample(proposal, temperature, seed, offset)
         if s is None:
             s = self.draw(proposal, temperature, seed, offset)
@@ -366,7 +372,7 @@ class DraftSteps:
                 "prev_tokens / copy: a drafter with a copy head scores each slot by whether the draft "
                 "before it followed the proposal's copy; pass both"
             )
-        heads = None if self.graphs is None else self.graphs.heads
+        heads = self._head_graphs
         args = (hidden, prev_emb, sts_temperature, sts_bias, prev_tokens, copy)
         out = None if heads is None else heads.score(*args)
         return self.confidence(*args) if out is None else out
